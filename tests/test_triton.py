@@ -1,0 +1,295 @@
+"""Triton RMSNorm (``torch_bridge.rms_norm``) against docs/semantics.md, on CPU through Triton's interpreter.
+
+Accuracy rule (flash-attention style): against the float64 reference (the real-number function, no roundings),
+the kernel's max error is at most 2x the naive float32 formula's (same rounding points) + an atol of float32
+summation size (sqrt(N) for y and dx, sqrt(M) for dweight). Rounding points are checked separately: for
+16-bit dtypes the kernel must agree with the naive formula except for rare one-ulp flips.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_bridge import BACKENDS, rms_norm, rms_norm_ref, rms_norm_ref_backward
+from torch_bridge import ops, triton_kernels
+
+CASTINGS = ("llama", "gemma", "none")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+EPS32 = 2.0**-23
+
+
+def make_inputs(shape, dtype, offset, weight_dtype=None, seed=0):
+    """x with row scales spread over ~e^{±2}, non-trivial weight (offset 1: zeros + 0.1·randn), cotangent dy."""
+    g = torch.Generator().manual_seed(seed)
+    n = shape[-1]
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * torch.exp(torch.randn(*shape[:-1], 1, generator=g))
+    base = 0.0 if offset else 1.0
+    w = base + (0.1 if offset else 0.3) * torch.randn(n, generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    return x.to(dtype), w.to(weight_dtype or dtype), dy.to(dtype)
+
+
+def run_kernel(x, w, dy, **kw):
+    """Forward + backward through autograd; returns (y, dx, dweight)."""
+    x = x.clone().requires_grad_()
+    w = None if w is None else w.clone().requires_grad_()
+    y = rms_norm(x, w, **kw)
+    grads = torch.autograd.grad(y, (x,) if w is None else (x, w), dy)
+    return y.detach(), grads[0], (grads[1] if w is not None else None)
+
+
+def run_ref(x, w, dy, compute_dtype, **kw):
+    y = rms_norm_ref(x, w, compute_dtype=compute_dtype, **kw)
+    dx, dw = rms_norm_ref_backward(dy, x, w, compute_dtype=compute_dtype, **kw)
+    return y, dx, dw
+
+
+def assert_accurate(name, out, naive, ref, n_reduce):
+    assert out.shape == ref.shape, name
+    if out.numel() == 0:
+        return
+    out64, naive64, ref64 = out.double(), naive.double(), ref.double()
+    assert torch.isfinite(out64).all(), f"{name}: non-finite values"
+    err = (out64 - ref64).abs().max().item()
+    err_naive = (naive64 - ref64).abs().max().item()
+    atol = 4 * EPS32 * math.sqrt(n_reduce) * ref64.abs().max().item()
+    assert err <= 2 * err_naive + atol, f"{name}: error {err:.3e} > 2 x naive {err_naive:.3e} + atol {atol:.3e}"
+
+
+def assert_same_rounding_points(name, out, naive, max_fraction=0.01):
+    """16-bit outputs: the kernel equals the naive formula except for rare single-ulp flips."""
+    if out.numel() == 0 or out.dtype == torch.float32:
+        return
+    differ = out != naive
+    assert differ.float().mean().item() <= max_fraction, f"{name}: {differ.float().mean():.3%} of elements differ"
+    ulp = torch.finfo(out.dtype).eps * naive.double().abs().clamp_min(torch.finfo(out.dtype).tiny)
+    assert ((out.double() - naive.double()).abs() <= 2 * ulp + 1e-30).all(), f"{name}: differs by > 1 ulp"
+
+
+def check_case(shape, dtype, casting, offset, weight_dtype=None, with_weight=True, seed=0):
+    x, w, dy = make_inputs(shape, dtype, offset, weight_dtype, seed)
+    w = w if with_weight else None
+    kw = dict(eps=1e-6, offset=offset, casting=casting)
+    out = run_kernel(x, w, dy, **kw)
+    naive = run_ref(x, w, dy, torch.float32, **kw)
+    ref = run_ref(x, w, dy, torch.float64, **kw)
+    n, m = shape[-1], x.numel() // shape[-1]
+    assert out[0].dtype == dtype and out[1].dtype == dtype
+    for name, o, nv, r, red in zip(("y", "dx", "dweight"), out, naive, ref, (n, n, m)):
+        if o is None:
+            assert not with_weight and name == "dweight"
+            continue
+        assert_accurate(name, o, nv, r, red)
+    assert_same_rounding_points("y", out[0], naive[0])
+    assert_same_rounding_points("dx", out[1], naive[1])
+    if with_weight:
+        assert out[2].dtype == w.dtype
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtype_casting_offset_matrix(dtype, casting, offset):
+    check_case((129, 123), dtype, casting, offset)
+
+
+@pytest.mark.parametrize("n", [1, 7, 123, 1000])
+@pytest.mark.parametrize("m", [0, 1, 3, 129])
+@pytest.mark.parametrize("casting", CASTINGS)
+def test_shapes(m, n, casting):
+    check_case((m, n), torch.bfloat16, casting, 1.0 if casting == "gemma" else 0.0, seed=m * 7919 + n)
+
+
+@pytest.mark.parametrize("shape", [(3, 4096), (33, 4096), (2, 5, 1000), (4, 1, 3, 7)], ids=str)
+@pytest.mark.parametrize("casting", CASTINGS)
+def test_wide_and_nd_shapes(shape, casting):
+    check_case(shape, torch.bfloat16, casting, 1.0 if casting == "gemma" else 0.0)
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_without_weight(dtype, casting):
+    check_case((33, 123), dtype, casting, 0.0, with_weight=False)
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_float32_weight_with_16bit_x(dtype, casting):
+    check_case((65, 300), dtype, casting, 1.0 if casting == "gemma" else 0.0, weight_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("n", [300, 1000])
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_column_chunk_paths(monkeypatch, dtype, casting, n):
+    """Long-row paths (two passes over column chunks, row-dot pre-pass in the backward) forced at small N."""
+    monkeypatch.setattr(triton_kernels, "FUSED_MAX_N", 128)
+    monkeypatch.setattr(triton_kernels, "CHUNK_N", 256)
+    check_case((9, n), dtype, casting, 1.0 if casting == "gemma" else 0.0)
+
+
+def test_castings_differ_in_bfloat16():
+    """The rounding-point check has teeth: the three naive formulas disagree on many bf16 elements."""
+    x, w, _ = make_inputs((64, 256), torch.bfloat16, 0.0)
+    ys = [rms_norm_ref(x, w, casting=c, compute_dtype=torch.float32) for c in CASTINGS]
+    assert (ys[0] != ys[1]).float().mean() > 0.05 and (ys[0] != ys[2]).float().mean() > 0.05
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("with_weight,offset", [(True, 0.0), (True, 1.0), (False, 0.0)])
+def test_gradcheck_float64(casting, with_weight, offset):
+    x, w, _ = make_inputs((3, 7), torch.float64, offset)
+    x.requires_grad_()
+    inputs = (x, w.requires_grad_()) if with_weight else (x,)
+
+    def fn(*args):
+        return rms_norm(args[0], args[1] if with_weight else None, 1e-5, offset=offset, casting=casting)
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def test_float64_reference_autograd_matches_explicit_backward():
+    x, w, dy = make_inputs((5, 33), torch.float64, 1.0)
+    x.requires_grad_(), w.requires_grad_()
+    y = rms_norm_ref(x, w, offset=1.0, casting="gemma")
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    dx_ref, dw_ref = rms_norm_ref_backward(dy, x.detach(), w.detach(), offset=1.0, casting="gemma")
+    torch.testing.assert_close(dx, dx_ref)
+    torch.testing.assert_close(dw, dw_ref)
+
+
+class _InPlaceDxRmsNorm(torch.autograd.Function):
+    """Deliberately buggy variant (the Liger/Gemma2 bug): writes dx into the incoming dy."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        y, rstd = torch.ops.pallas_norm.triton_rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+        ctx.save_for_backward(x, w, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, rstd = ctx.saved_tensors
+        dx, dw = torch.ops.pallas_norm.triton_rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+        return dy.copy_(dx), dw
+
+
+def dy_survives_backward(fn) -> bool:
+    x, w, dy = make_inputs((17, 64), torch.bfloat16, 0.0)
+    x.requires_grad_(), w.requires_grad_()
+    saved = dy.clone()
+    fn(x, w).backward(dy)
+    return torch.equal(dy.view(torch.int16), saved.view(torch.int16))
+
+
+def test_backward_never_writes_into_dy():
+    assert dy_survives_backward(lambda x, w: rms_norm(x, w))
+    assert not dy_survives_backward(_InPlaceDxRmsNorm.apply)
+
+
+def test_residual_branch_gradient_is_intact():
+    """Gemma2-style residual: h + norm(h); the cotangent reaching both branches must stay correct."""
+    x, w, dy = make_inputs((9, 64), torch.float32, 1.0)
+    h = x.clone().requires_grad_()
+    (h + rms_norm(h, w, offset=1.0, casting="gemma")).backward(dy)
+    dx_ref, _ = rms_norm_ref_backward(dy, x, w, offset=1.0, casting="gemma", compute_dtype=torch.float32)
+    torch.testing.assert_close(h.grad, dy + dx_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_not_mutated_and_noncontiguous_x():
+    base, _, _ = make_inputs((6, 128), torch.bfloat16, 0.0)
+    _, w, _ = make_inputs((6, 64), torch.bfloat16, 0.0)
+    x = base[:, ::2]
+    saved_x, saved_w = x.clone(), w.clone()
+    y = rms_norm(x, w)
+    assert torch.equal(x, saved_x) and torch.equal(w, saved_w)
+    assert torch.equal(y, rms_norm(x.contiguous(), w))
+
+
+@pytest.mark.parametrize("x_grad,w_grad", [(True, False), (False, True)])
+def test_skips_unneeded_gradients(monkeypatch, x_grad, w_grad):
+    calls = []
+    real = triton_kernels.rms_norm_bwd
+    monkeypatch.setattr(triton_kernels, "rms_norm_bwd", lambda *a: calls.append(a[-2:]) or real(*a))
+    x, w, dy = make_inputs((5, 32), torch.float32, 0.0)
+    x.requires_grad_(x_grad), w.requires_grad_(w_grad)
+    rms_norm(x, w).backward(dy)
+    assert calls == [(x_grad, w_grad)]
+    assert (x.grad is not None) == x_grad and (w.grad is not None) == w_grad
+
+
+def test_empty_rows_give_zero_dweight():
+    x, w, dy = make_inputs((0, 16), torch.bfloat16, 0.0)
+    _, dx, dw = run_kernel(x, w, dy)
+    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros_like(w))
+
+
+def test_cpu_fallback_without_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET, CPU tensors take the plain-torch naive formula (same semantics)."""
+    monkeypatch.setattr(triton_kernels, "INTERPRET", False)
+    x, w, dy = make_inputs((7, 50), torch.bfloat16, 1.0)
+    kw = dict(offset=1.0, casting="none")
+    y, dx, dw = run_kernel(x, w, dy, **kw)
+    y_n, dx_n, dw_n = run_ref(x, w, dy, torch.float32, **kw)
+    assert torch.equal(y, y_n) and torch.equal(dx, dx_n) and torch.equal(dw, dw_n)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(eps=0.0), ValueError, "eps"),
+        (dict(eps=-1e-6), ValueError, "eps"),
+        (dict(casting="bf16"), ValueError, "casting"),
+        (dict(backend="cuda"), ValueError, "backend"),
+        (dict(weight=None, offset=1.0), ValueError, "offset"),
+        (dict(weight=torch.ones(7)), ValueError, "weight must have shape"),
+        (dict(weight=torch.ones(2, 8)), ValueError, "weight must have shape"),
+        (dict(weight=torch.ones(8, dtype=torch.int32)), TypeError, "weight must have a floating dtype"),
+        (dict(weight=torch.ones(8, device="meta")), ValueError, "weight must be on"),
+        (dict(weight=[1.0] * 8), TypeError, "weight must be a torch.Tensor"),
+        (dict(x=torch.ones(2, 8, dtype=torch.int64)), TypeError, "x must have a floating dtype"),
+        (dict(x=torch.ones(2, 8, dtype=torch.complex64)), TypeError, "x must have a floating dtype"),
+        (dict(x=torch.tensor(1.0)), ValueError, "0-d"),
+        (dict(x=torch.ones(2, 0), weight=None), ValueError, "N"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_inputs(kwargs, exc, match):
+    args = dict(x=torch.ones(2, 8), weight=torch.ones(8))
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        rms_norm(args.pop("x"), args.pop("weight"), **args)
+
+
+def test_backends():
+    assert BACKENDS == ("triton",)
+
+
+def test_custom_ops_opcheck():
+    x, w, dy = make_inputs((4, 32), torch.float32, 1.0)
+    fwd = torch.ops.pallas_norm.triton_rms_norm_fwd.default
+    torch.library.opcheck(fwd, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1.0, "gemma"))
+    torch.library.opcheck(fwd, (x.detach(), None, 1e-6, 0.0, "llama"))
+    _, rstd = fwd(x.detach(), w.detach(), 1e-6, 1.0, "gemma")
+    bwd = torch.ops.pallas_norm.triton_rms_norm_bwd.default
+    torch.library.opcheck(bwd, (dy, x.detach(), w.detach(), rstd, 1.0, "gemma", True, True))
+    torch.library.opcheck(bwd, (dy, x.detach(), None, rstd, 0.0, "none", True, False))
+
+
+def test_torch_compile_fullgraph():
+    """No graph break: the custom ops are traced through their fake kernels (aot_eager on CPU)."""
+    x, w, dy = make_inputs((2, 5, 48), torch.bfloat16, 0.0)
+
+    def fn(x, w):
+        return rms_norm(x * 2.0, w, 1e-5, casting="llama") + 1.0
+
+    backend = "inductor" if torch.cuda.is_available() else "aot_eager"
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    fn(xe, we).backward(dy)
+    compiled(xc, wc).backward(dy)
+    assert torch.equal(xc.grad, xe.grad) and torch.equal(wc.grad, we.grad)

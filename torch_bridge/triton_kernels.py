@@ -1,0 +1,318 @@
+"""Triton RMSNorm kernels (forward + backward) implementing ``docs/semantics.md``.
+
+Row math lives in ``@triton.jit`` helpers used by both directions:
+
+    rstd = rsqrt(mean(x32 * x32) + eps)
+    n    = normalised value, rounded per casting (llama: r(x32*rstd); gemma: x32*rstd; none: r(x32*r(rstd)))
+    y    = r(n * w_eff)
+    g    = dy * w_eff (rounded to dt for llama/none)
+    dx   = r(rstd * (g - x32 * rstd^2 * mean(g * x32)))
+    dweight = sum over rows of dy * n, float32 per-program partials summed in a fixed order.
+
+Inputs are 2-D, row-contiguous. Compute is float32 (float64 when x is float64, where every r(.) is the
+identity). On CPU the same kernels run under Triton's interpreter (``TRITON_INTERPRET=1``); its
+float32->bfloat16 cast truncates, so there bfloat16 rounding is done with integer bit arithmetic (RNE).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+CASTING_CODES: dict[str, int] = {"llama": 0, "gemma": 1, "none": 2}
+
+# Tuning knobs (module globals so tests can force the column-chunk paths on small N).
+FUSED_MAX_N: int = 16384  # rows up to this length are held in registers (one pass)
+CHUNK_N: int = 8192  # column chunk of the two-pass paths
+TILE_ELEMS: int = 8192  # elements per program tile (rows per program = TILE_ELEMS // BLOCK_N)
+BWD_PROGRAMS_PER_SM: int = 2  # persistent backward grid = this x SM count
+
+
+def _fix_interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns loop bounds into ints with ``int(ndarray)``, which NumPy >= 2.5 refuses
+    for 1-element arrays (so ``range(0, N)`` over a kernel argument fails); convert through ``reshape(-1)[0]``."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_pallas_norm_fixed", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._pallas_norm_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _fix_interpreter_loop_bounds()
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
+# ----------------------------------------------------------------------------------------------
+# Row math (shared by forward and backward)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _to_dt(v, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """r(v) stored as dtype DT, round-to-nearest-even."""
+    if EMULATE_BF16 and DT == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(DT)
+
+
+@triton.jit
+def _r(v, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """r(v) widened back to the compute dtype CT; the identity when DT is float32/float64."""
+    if DT == tl.float32 or DT == tl.float64:
+        return v
+    else:
+        return _to_dt(v, DT, EMULATE_BF16).to(CT)
+
+
+@triton.jit
+def _rstd(sumsq, n_f, eps, CT: tl.constexpr):
+    """rsqrt(sumsq / N + eps) with correctly rounded division and square root (n_f = float(N))."""
+    if CT == tl.float64:
+        return 1.0 / tl.sqrt(sumsq / n_f + eps)
+    else:
+        return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sumsq, n_f) + eps))
+
+
+@triton.jit
+def _w_eff(w, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """f32(w) + offset; for casting "none" f32(r(f32(r(w)) + offset))."""
+    w = w.to(CT)
+    if CASTING == 2:
+        return _r(_r(w, DT, CT, EMULATE_BF16) + offset, DT, CT, EMULATE_BF16)
+    else:
+        return w + offset
+
+
+@triton.jit
+def _normalize(x, rstd, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """n: llama r(x*rstd); gemma x*rstd; none r(x*r(rstd)). x is [BM, BN], rstd [BM]."""
+    if CASTING == 0:
+        return _r(x * rstd[:, None], DT, CT, EMULATE_BF16)
+    elif CASTING == 1:
+        return x * rstd[:, None]
+    else:
+        return _r(x * _r(rstd, DT, CT, EMULATE_BF16)[:, None], DT, CT, EMULATE_BF16)
+
+
+@triton.jit
+def _grad_n(dy, w_eff, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+            EMULATE_BF16: tl.constexpr):
+    """g = dy * w_eff, rounded to dt for llama/none (dy alone without weight)."""
+    if HAS_WEIGHT:
+        g = dy * w_eff[None, :]
+        if CASTING != 1:
+            g = _r(g, DT, CT, EMULATE_BF16)
+        return g
+    else:
+        return dy
+
+
+@triton.jit
+def _dx(x, g, rstd, c):
+    """rstd * (g - x * rstd^2 * c), c = mean(g * x) per row."""
+    r = rstd[:, None]
+    return r * (g - x * (r * r) * c[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """BLOCK_M rows per program; one pass over registers, or two passes over column chunks."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    base = rows[:, None] * N
+    cols0 = tl.arange(0, BLOCK_N)
+    if not CHUNKED:
+        mask = row_mask[:, None] & (cols0[None, :] < N)
+        x = tl.load(X + base + cols0[None, :], mask=mask, other=0.0).to(CT)
+        rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
+        n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+        if HAS_WEIGHT:
+            w = tl.load(W + cols0, mask=cols0 < N, other=0.0)
+            n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+        tl.store(Y + base + cols0[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
+        for start in range(0, N, BLOCK_N):
+            cols = start + cols0
+            mask = row_mask[:, None] & (cols[None, :] < N)
+            x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+            acc += x * x
+        rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
+        for start in range(0, N, BLOCK_N):
+            cols = start + cols0
+            mask = row_mask[:, None] & (cols[None, :] < N)
+            x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+            n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+            if HAS_WEIGHT:
+                w = tl.load(W + cols, mask=cols < N, other=0.0)
+                n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+            tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _bwd_rowdot_kernel(X, W, DY, C, M, N, offset,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                       CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """c = mean(g * x32) per row, over column chunks (the long-row backward's first pass)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    base = rows[:, None] * N
+    cols0 = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
+    for start in range(0, N, BLOCK_N):
+        cols = start + cols0
+        mask = row_mask[:, None] & (cols[None, :] < N)
+        x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+        dy = tl.load(DY + base + cols[None, :], mask=mask, other=0.0).to(CT)
+        w_eff = tl.zeros([BLOCK_N], dtype=CT)
+        if HAS_WEIGHT:
+            w_eff = _w_eff(tl.load(W + cols, mask=cols < N, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+        acc += _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16) * x
+    tl.store(C + rows, tl.sum(acc, axis=1) / N, mask=row_mask)
+
+
+@triton.jit
+def _bwd_kernel(X, W, DY, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
+                CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
+
+    dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk].
+    With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
+    """
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w_eff = tl.zeros([BLOCK_N], dtype=CT)
+    if HAS_WEIGHT:
+        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
+    for it in range(0, ITERS):
+        rows = (it * G + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + offs, mask=mask, other=0.0).to(CT)
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(CT)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        if NEED_DX:
+            g = _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
+            if SINGLE:
+                c = tl.sum(g * x, axis=1) / N
+            else:
+                c = tl.load(C + rows, mask=row_mask, other=0.0)
+            tl.store(DX + offs, _to_dt(_dx(x, g, rstd, c), DT, EMULATE_BF16), mask=mask)
+        if NEED_DW:
+            dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+    if NEED_DW:
+        tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host launchers
+# ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(x: torch.Tensor) -> int:
+    return _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
+        if x.is_cuda else 2
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _tile(n: int) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_N, chunked, num_warps) for rows of length n."""
+    if n <= FUSED_MAX_N:
+        block_n = triton.next_power_of_2(n)
+        block_m = max(1, min(64, TILE_ELEMS // block_n))
+        chunked = False
+    else:
+        block_n, block_m, chunked = CHUNK_N, 1, True
+    num_warps = max(1, min(16, block_m * block_n // 1024))
+    return block_m, block_n, chunked, num_warps
+
+
+def _common(x: torch.Tensor) -> dict:
+    return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[_compute_dtype(x)], EMULATE_BF16=INTERPRET)
+
+
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                 casting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward on a row-contiguous 2-D ``x`` [M, N]: returns (y [M, N] in x.dtype, rstd [M])."""
+    M, N = x.shape
+    y = torch.empty_like(x)
+    rstd = torch.empty(M, dtype=_compute_dtype(x), device=x.device)
+    if M == 0:
+        return y, rstd
+    block_m, block_n, chunked, num_warps = _tile(N)
+    grid = (triton.cdiv(M, block_m),)
+    _fwd_kernel[grid](x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset,
+                      BLOCK_M=block_m, BLOCK_N=block_n, CHUNKED=chunked, HAS_WEIGHT=weight is not None,
+                      CASTING=CASTING_CODES[casting], num_warps=num_warps, **_common(x))
+    return y, rstd
+
+
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                 offset: float, casting: str, need_dx: bool, need_dweight: bool
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Backward on row-contiguous 2-D ``x``/``dy``: returns (dx or None, dweight or None).
+
+    dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials.
+    """
+    M, N = x.shape
+    need_dweight = need_dweight and weight is not None
+    dx = torch.empty_like(x) if need_dx else None
+    if M == 0 or not (need_dx or need_dweight):
+        dweight = torch.zeros_like(weight) if need_dweight else None
+        return dx, dweight
+    block_m, block_n, chunked, num_warps = _tile(N)
+    common = _common(x)
+    cdt = _compute_dtype(x)
+    w_arg = weight if weight is not None else x
+    c = rstd  # placeholder pointer when unused
+    if chunked:
+        block_m, block_n = 1, min(block_n, 4096)
+        num_warps = max(1, min(16, block_n // 512))
+        if need_dx:
+            c = torch.empty(M, dtype=cdt, device=x.device)
+            _bwd_rowdot_kernel[(M,)](x, w_arg, dy, c, M, N, offset, BLOCK_M=1, BLOCK_N=CHUNK_N,
+                                     HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
+                                     num_warps=max(1, min(16, CHUNK_N // 512)), **common)
+    n_chunks = triton.cdiv(N, block_n)
+    row_blocks = triton.cdiv(M, block_m)
+    g = max(1, min(row_blocks, BWD_PROGRAMS_PER_SM * _sm_count(x) // n_chunks))
+    partials = torch.empty((g, N), dtype=cdt, device=x.device) if need_dweight else rstd
+    _bwd_kernel[(g, n_chunks)](x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g, triton.cdiv(row_blocks, g), offset,
+                               BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=not chunked,
+                               HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
+                               CASTING=CASTING_CODES[casting], num_warps=num_warps, **common)
+    dweight = partials.sum(0).to(weight.dtype) if need_dweight else None
+    return dx, dweight
