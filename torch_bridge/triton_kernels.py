@@ -32,6 +32,8 @@ FUSED_MAX_N: int = 16384  # rows up to this length are held in registers (one pa
 CHUNK_N: int = 8192  # column chunk of the two-pass paths
 TILE_ELEMS: int = 8192  # elements per program tile (rows per program = TILE_ELEMS // BLOCK_N)
 BWD_PROGRAMS_PER_SM: int = 2  # persistent backward grid = this x SM count
+BWD_CHUNK_N: int = 4096  # column chunk of the long-row backward
+NUM_WARPS: int | None = None  # None: one warp per 1024 tile elements, 1..16
 
 
 def _fix_interpreter_loop_bounds() -> None:
@@ -256,7 +258,7 @@ def _tile(n: int) -> tuple[int, int, bool, int]:
         chunked = False
     else:
         block_n, block_m, chunked = CHUNK_N, 1, True
-    num_warps = max(1, min(16, block_m * block_n // 1024))
+    num_warps = NUM_WARPS or max(1, min(16, block_m * block_n // 1024))
     return block_m, block_n, chunked, num_warps
 
 
@@ -299,8 +301,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     w_arg = weight if weight is not None else x
     c = rstd  # placeholder pointer when unused
     if chunked:
-        block_m, block_n = 1, min(block_n, 4096)
-        num_warps = max(1, min(16, block_n // 512))
+        block_m, block_n = 1, min(block_n, BWD_CHUNK_N)
+        num_warps = NUM_WARPS or max(1, min(16, block_n // 512))
         if need_dx:
             c = torch.empty(M, dtype=cdt, device=x.device)
             _bwd_rowdot_kernel[(M,)](x, w_arg, dy, c, M, N, offset, BLOCK_M=1, BLOCK_N=CHUNK_N,

@@ -1,0 +1,42 @@
+"""Triton RMSNorm on the GPU: LLM-sized shapes against the float64 reference, bitwise-reproducible dweight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_triton import check_case, make_inputs
+from torch_bridge import rms_norm
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,casting,offset",
+    [
+        ((32768, 4096), torch.bfloat16, "llama", 0.0),
+        ((32768, 4096), torch.bfloat16, "gemma", 1.0),
+        ((65536, 2304), torch.bfloat16, "gemma", 1.0),
+        ((65536, 2304), torch.float16, "none", 0.0),
+        ((1024, 262144), torch.bfloat16, "llama", 0.0),
+        ((4096, 20000), torch.float32, "gemma", 1.0),
+        ((3, 65537), torch.bfloat16, "none", 0.0),
+    ],
+    ids=str,
+)
+def test_large_shapes(shape, dtype, casting, offset):
+    check_case(shape, dtype, casting, offset)
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(32768, 4096), (1024, 262144), (4097, 123)], ids=str)
+def test_dweight_bitwise_reproducible(shape, weight_dtype):
+    x, w, dy = make_inputs(shape, torch.bfloat16, 0.0, weight_dtype=weight_dtype)
+    w.requires_grad_()
+    results = []
+    for _ in range(3):
+        w.grad = None
+        rms_norm(x, w).backward(dy)
+        results.append(w.grad.clone())
+    assert all(torch.equal(results[0], r) for r in results[1:])
