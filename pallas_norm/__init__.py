@@ -1,0 +1,22 @@
+"""pallas-norm: RMSNorm written once in JAX Pallas (forward + backward), for JAX and PyTorch.
+
+``rms_norm`` is the differentiable entry point; ``rms_norm_reference`` the plain ``jax.numpy`` formula;
+``pallas_norm.nnx.RMSNorm`` the Flax module (imported on first use: Flax is an optional extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .api import IMPLS, rms_norm, rms_norm_with_rstd
+from .reference import rms_norm_reference
+from .semantics import CASTINGS
+
+__all__ = ["CASTINGS", "IMPLS", "rms_norm", "rms_norm_reference", "rms_norm_with_rstd", "nnx"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "nnx":
+        return importlib.import_module(".nnx", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

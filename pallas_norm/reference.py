@@ -1,0 +1,57 @@
+"""RMSNorm in plain ``jax.numpy`` with float32 math: the ``impl="xla"`` path and the tests' naive formula.
+
+Built from the same ``rowmath`` functions as the kernels, so the two differ only in reduction order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import rowmath
+from .checks import check_inputs
+
+F32 = jnp.float32
+
+
+def forward_2d(x, weight, *, eps: float, offset: float, casting: str):
+    """``(y, rstd)`` for 2-D ``x``: ``rstd = rsqrt(mean(x32²) + eps)``, ``y`` per ``docs/semantics.md``."""
+    dt = x.dtype
+    x32 = x.astype(F32)
+    rstd = rowmath.rstd_from_sumsq(jnp.sum(x32 * x32, axis=-1), x.shape[-1], eps)
+    n_val = rowmath.normalized(x32, rstd[:, None], casting, dt)
+    w_eff = None if weight is None else rowmath.effective_weight(weight, offset, casting, dt)
+    return rowmath.output(n_val, w_eff, dt), rstd
+
+
+def backward_2d(x, weight, dy, rstd, *, offset: float, casting: str):
+    """``(dx, dweight)``: ``dx = rstd·(g − x·rstd²·mean(g·x))``, ``g = dy·w_eff``; ``dweight = Σ_rows dy·n``."""
+    dt = x.dtype
+    n = x.shape[-1]
+    x32, dy32, rstd = x.astype(F32), dy.astype(F32), rstd[:, None]
+    w_eff = None if weight is None else rowmath.effective_weight(weight, offset, casting, dt)[None, :]
+    g = rowmath.grad_scale(dy32, w_eff, casting, dt)
+    dx = rowmath.grad_input(x32, g, rstd, jnp.sum(g * x32, axis=-1, keepdims=True), n).astype(dt)
+    if weight is None:
+        return dx, None
+    n_val = rowmath.normalized(x32, rstd, casting, dt)
+    dweight = jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0).astype(weight.dtype)
+    return dx, dweight
+
+
+def rms_norm_reference(
+    x: jax.Array,
+    weight: jax.Array | None = None,
+    *,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    casting: str = "llama",
+) -> jax.Array:
+    """``y = x·rsqrt(mean(x²) + eps)·(weight + offset)`` with ``casting``'s roundings, as plain ``jax.numpy``.
+
+    Differentiable by ordinary autodiff (its gradient matches ``docs/semantics.md`` for "llama" and "gemma";
+    for "none" autodiff also rounds the cotangent of the rounded ``rstd``).
+    """
+    x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
+    y, _ = forward_2d(x.reshape(-1, x.shape[-1]), weight, eps=eps, offset=offset, casting=casting)
+    return y.reshape(x.shape)

@@ -1,0 +1,22 @@
+"""Test setup: Triton's interpreter on machines without CUDA, and the ``gpu`` marker's skip."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    # Must be set before triton is imported anywhere: CPU tests run the real Triton kernels interpreted.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
