@@ -104,8 +104,8 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl):
         return reference.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting)
     if m == 0:
         return jnp.zeros((0, n), x2.dtype), None if weight is None else jnp.zeros((n,), weight.dtype)
-    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, plan=make_plan(m, n),
-                            interpret=impl == "interpret")
+    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting,
+                            plan=make_plan(m, n, backward=True), interpret=impl == "interpret")
 
 
 @functools.lru_cache(maxsize=None)

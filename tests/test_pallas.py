@@ -175,3 +175,55 @@ def test_pallas_impl_needs_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(ValueError, match="impl='pallas' needs a GPU"):
         pn.rms_norm(jnp.ones((2, 8)), impl="pallas")
+
+
+def _gpu_compare(m, n, casting, offset, dtype=jnp.bfloat16):
+    """impl="pallas" vs the XLA formula on the whole tensor (same roundings: ≤ 1 ulp of dt plus float32
+    summation error) and vs the float64 reference on a slice of rows."""
+    x, w, dy = make_inputs((m, n), dtype, offset, seed=m + n)
+    got = run("pallas", x, w, dy, offset=offset, casting=casting)
+    naive = run("xla", x, w, dy, offset=offset, casting=casting)
+    eps_dt = ref64.EPS[jnp.dtype(dtype).name]
+    for name, a, b, k in zip(("y", "dx", "dweight"), got, naive, (n, n, m)):
+        a64, b64 = ref64.to64(a), ref64.to64(b)
+        scale = float(np.max(np.abs(b64)))
+        tol = scale * (eps_dt + 4 * np.sqrt(k) * ref64.EPS["float32"])
+        assert float(np.max(np.abs(a64 - b64))) <= tol, f"{name} {m}x{n}: pallas vs xla beyond {tol:.3e}"
+    rows = np.r_[0:64, m - 64:m] if m > 128 else np.arange(m)
+    xs, dys = np.asarray(x)[rows], np.asarray(dy)[rows]
+    y64, _ = ref64.forward(xs, np.asarray(w), eps=1e-6, offset=offset, casting=casting)
+    dx64, _ = ref64.backward(xs, np.asarray(w), dys, eps=1e-6, offset=offset, casting=casting)
+    ref64.assert_close("y rows", np.asarray(got[0])[rows], np.asarray(naive[0])[rows], y64, dtype=dtype, n_reduce=n)
+    ref64.assert_close("dx rows", np.asarray(got[1])[rows], np.asarray(naive[1])[rows], dx64, dtype=dtype,
+                       n_reduce=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,casting,offset", [
+    (32768, 4096, "llama", 0.0), (65536, 2304, "gemma", 1.0), (4096, 65536, "llama", 0.0),
+    (1024, 262144, "gemma", 1.0), (4099, 1000, "none", 0.0), (7, 7, "llama", 1.0)])
+def test_gpu_large_shapes(m, n, casting, offset):
+    _gpu_compare(m, n, casting, offset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS)
+def test_gpu_matrix(config):
+    dtype, casting, offset = config
+    x, w, dy = make_inputs((257, 3000), dtype, offset, seed=1)
+    got = run("pallas", x, w, dy, offset=offset, casting=casting)
+    naive = run("xla", x, w, dy, offset=offset, casting=casting)
+    y64, _ = ref64.forward(np.asarray(x), np.asarray(w), eps=1e-6, offset=offset, casting=casting)
+    dx64, dw64 = ref64.backward(np.asarray(x), np.asarray(w), np.asarray(dy), eps=1e-6, offset=offset,
+                                casting=casting)
+    for name, a, b, r, k in zip(("y", "dx", "dweight"), got, naive, (y64, dx64, dw64), (3000, 3000, 257)):
+        ref64.assert_close(name, a, b, r, dtype=dtype, n_reduce=k)
+
+
+@pytest.mark.gpu
+def test_gpu_dweight_bitwise_reproducible():
+    x, w, dy = make_inputs((32768, 4096), jnp.bfloat16, 0.0, seed=2, w_dtype=jnp.float32)
+    grad = jax.jit(jax.grad(lambda w: jnp.sum(pn.rms_norm(x, w, impl="pallas").astype(jnp.float32) * dy)))
+    first = np.asarray(grad(w))
+    for _ in range(5):
+        np.testing.assert_array_equal(np.asarray(grad(w)), first)
