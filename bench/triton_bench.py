@@ -60,11 +60,11 @@ def sweep(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> list[str]:
     saved = {k: getattr(triton_kernels, k) for k in knobs}
     if n <= triton_kernels.FUSED_MAX_N:
         configs = [dict(TILE_ELEMS=t, NUM_WARPS=nw, BWD_PROGRAMS_PER_SM=p)
-                   for t, nw in ((4096, 4), (8192, 8), (8192, 16), (16384, 16))
-                   for p in (1, 2, 4)]
+                   for t, nw in ((2048, 2), (4096, 4), (4096, 8), (8192, 8))
+                   for p in (2, 3)]
     else:
         configs = [dict(CHUNK_N=c, BWD_CHUNK_N=b, NUM_WARPS=nw, BWD_PROGRAMS_PER_SM=p)
-                   for c, b, nw in ((4096, 2048, 4), (8192, 4096, 8), (16384, 4096, 16), (8192, 8192, 16))
+                   for c, b, nw in ((8192, 4096, 8), (8192, 4096, 16), (16384, 4096, 16), (16384, 4096, 32))
                    for p in (2,)]
     lines = []
     for cfg in configs:
@@ -77,12 +77,30 @@ def sweep(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> list[str]:
     return lines
 
 
+def profile_autograd(m: int = 32768, n: int = 4096) -> str:
+    """CUDA kernels launched by one autograd backward through ``rms_norm`` (a table, slowest first)."""
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    y = rms_norm(x, w, EPS)
+    for _ in range(3):
+        torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/triton_h100.md")
     parser.add_argument("--sweep", action="store_true", help="also time our kernel under several configs")
+    parser.add_argument("--profile", action="store_true", help="print the kernels of one autograd backward")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a CUDA GPU"
+    if args.profile:
+        print(profile_autograd())
     compiled_hf = torch.compile(hf_llama, dynamic=False)
     rows, sweep_rows = [], []
     for m, n in SHAPES:

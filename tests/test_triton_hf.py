@@ -14,7 +14,7 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from test_triton import DEVICE, assert_accurate, assert_same_rounding_points, run_kernel, run_ref
+from test_triton import DEVICE, assert_accurate, atol_for, assert_same_rounding_points, run_kernel, run_ref, term_scales
 from torch_bridge import rms_norm
 
 MODULES = {
@@ -61,9 +61,10 @@ def test_matches_hf_module(name, dtype, param_dtype):
     ours = run_kernel(x, w, dy, **kw)
     ref = run_ref(x, w, dy, torch.float64, **kw)
     assert hf[0].dtype == ours[0].dtype == dtype and ours[2].dtype == w.dtype
-    for label, o, h, r, red in zip(("y", "dx", "dweight"), ours, hf, ref, (n, n, 63)):
-        assert_accurate(label, o, h, r, red)
-    assert_same_rounding_points("y", ours[0], hf[0])
+    scales = term_scales(x, w, dy, offset)
+    for label, o, h, r, red, sc in zip(("y", "dx", "dweight"), ours, hf, ref, (n, n, 63), scales):
+        assert_accurate(label, o, h, r, red, sc)
+    assert_same_rounding_points("y", ours[0], hf[0], atol_for(n, scales[0]))
 
 
 @pytest.mark.parametrize("name", list(MODULES))

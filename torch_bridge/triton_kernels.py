@@ -30,7 +30,7 @@ CASTING_CODES: dict[str, int] = {"llama": 0, "gemma": 1, "none": 2}
 # Tuning knobs (module globals so tests can force the column-chunk paths on small N).
 FUSED_MAX_N: int = 16384  # rows up to this length are held in registers (one pass)
 CHUNK_N: int = 8192  # column chunk of the two-pass paths
-TILE_ELEMS: int = 8192  # elements per program tile (rows per program = TILE_ELEMS // BLOCK_N)
+TILE_ELEMS: int = 4096  # elements per program tile (rows per program = TILE_ELEMS // BLOCK_N)
 BWD_PROGRAMS_PER_SM: int = 2  # persistent backward grid = this x SM count
 BWD_CHUNK_N: int = 4096  # column chunk of the long-row backward
 NUM_WARPS: int | None = None  # None: one warp per 1024 tile elements, 1..16
@@ -161,8 +161,9 @@ def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset,
             x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
             acc += x * x
         rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
-        for start in range(0, N, BLOCK_N):
-            cols = start + cols0
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        for i in range(0, n_chunks):  # backwards: the row's tail is the part most likely still in L2
+            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
             mask = row_mask[:, None] & (cols[None, :] < N)
             x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
             n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
@@ -250,15 +251,20 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tile(n: int) -> tuple[int, int, bool, int]:
-    """(BLOCK_M, BLOCK_N, chunked, num_warps) for rows of length n."""
+def _tile(n: int, backward: bool = False) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_N, chunked, num_warps) for rows of length n.
+
+    One warp per 1024 tile elements in the one-pass forward (4 x 16-byte loads per thread for 16-bit
+    dtypes), one per 512 where more state is live (backward) or more loads should be in flight (chunks).
+    """
     if n <= FUSED_MAX_N:
         block_n = triton.next_power_of_2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         chunked = False
     else:
         block_n, block_m, chunked = CHUNK_N, 1, True
-    num_warps = NUM_WARPS or max(1, min(16, block_m * block_n // 1024))
+    per_warp = 512 if (backward or chunked) else 1024
+    num_warps = NUM_WARPS or max(1, min(16, block_m * block_n // per_warp))
     return block_m, block_n, chunked, num_warps
 
 
@@ -295,7 +301,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     if M == 0 or not (need_dx or need_dweight):
         dweight = torch.zeros_like(weight) if need_dweight else None
         return dx, dweight
-    block_m, block_n, chunked, num_warps = _tile(N)
+    block_m, block_n, chunked, num_warps = _tile(N, backward=True)
     common = _common(x)
     cdt = _compute_dtype(x)
     w_arg = weight if weight is not None else x
