@@ -72,18 +72,21 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, plan: Plan, has_weight: bool)
     backend.store(rstd_ref.at[rows], rstd, rmask)
 
 
-def _bwd_resident_kernel(*refs, m, n, offset, casting, plan: Plan, has_weight, need_dx, need_dw):
-    """Persistent backward for rows resident in registers: dx per row block, dweight partial per program."""
+def _bwd_kernel(*refs, m, n, offset, casting, plan: Plan, has_weight, need_dx, need_dw):
+    """Persistent backward: program ``pid`` takes row blocks pid, pid + programs, ...; writes their ``dx`` and
+    one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers.
+    Chunked rows: program ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel."""
     refs = list(refs)
     x_ref = refs.pop(0)
     w_ref = refs.pop(0) if has_weight else None
     dy_ref, rstd_ref = refs.pop(0), refs.pop(0)
+    s_ref = None if plan.resident else refs.pop(0)
     dx_ref = refs.pop(0) if need_dx else None
     dwp_ref = refs.pop(0) if need_dw else None
     dt = dy_ref.dtype
     br, bc, programs = plan.block_rows, plan.block_cols, plan.programs
     pid = pl.program_id(0)
-    cols, cmask = _span(0, bc, n)
+    cols, cmask = _span(0 if plan.resident else pl.program_id(1) * bc, bc, n)
     w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
 
     def body(t, dw_acc):
@@ -93,7 +96,10 @@ def _bwd_resident_kernel(*refs, m, n, offset, casting, plan: Plan, has_weight, n
         rstd = backend.load(rstd_ref.at[rows], rmask)[:, None]
         if need_dx:
             g = rowmath.grad_scale(dy32, w_eff, casting, dt)
-            sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
+            if s_ref is None:
+                sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
+            else:
+                sum_gx = backend.load(s_ref.at[rows], rmask)[:, None]
             dx = rowmath.grad_input(x32, g, rstd, sum_gx, n).astype(dt)
             backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx, rmask[:, None] & cmask[None, :])
         if need_dw:
@@ -122,40 +128,6 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, plan: Plan, has_weight):
 
     acc = lax.fori_loop(0, plan.chunks, body, jnp.zeros((br, bc), F32))
     backend.store(s_ref.at[rows], jnp.sum(acc, axis=1), rmask)
-
-
-def _bwd_chunk_kernel(*refs, m, n, offset, casting, plan: Plan, has_weight, need_dx, need_dw):
-    """Long rows, step 2: program (i, j) owns column chunk j and row blocks i, i + programs, ..."""
-    refs = list(refs)
-    x_ref = refs.pop(0)
-    w_ref = refs.pop(0) if has_weight else None
-    dy_ref, rstd_ref, s_ref = refs.pop(0), refs.pop(0), refs.pop(0)
-    dx_ref = refs.pop(0) if need_dx else None
-    dwp_ref = refs.pop(0) if need_dw else None
-    dt = dy_ref.dtype
-    br, bc, programs = plan.block_rows, plan.block_cols, plan.programs
-    pid = pl.program_id(0)
-    cols, cmask = _span(pl.program_id(1) * bc, bc, n)
-    w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
-
-    def body(t, dw_acc):
-        rows, rmask = _span((pid + t * programs) * br, br, m)
-        x32 = _tile(x_ref, rows, rmask, cols, cmask)
-        dy32 = _tile(dy_ref, rows, rmask, cols, cmask)
-        rstd = backend.load(rstd_ref.at[rows], rmask)[:, None]
-        if need_dx:
-            g = rowmath.grad_scale(dy32, w_eff, casting, dt)
-            sum_gx = backend.load(s_ref.at[rows], rmask)[:, None]
-            dx = rowmath.grad_input(x32, g, rstd, sum_gx, n).astype(dt)
-            backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx, rmask[:, None] & cmask[None, :])
-        if need_dw:
-            n_val = rowmath.normalized(x32, rstd, casting, dt)
-            dw_acc = dw_acc + jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0)
-        return dw_acc
-
-    dw = lax.fori_loop(0, cdiv(cdiv(m, br), programs), body, jnp.zeros((bc,), F32))
-    if need_dw:
-        backend.store(dwp_ref.at[pid, cols], dw, cmask)
 
 
 def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
@@ -198,11 +170,10 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, plan: Plan, in
         out_shape.append(jax.ShapeDtypeStruct((plan.programs, n), F32))
     if not out_shape:
         return None, None
-    flags = dict(need_dx=need_dx, need_dw=need_dw)
+    bwd = functools.partial(_bwd_kernel, **statics, need_dx=need_dx, need_dw=need_dw)
     if plan.resident:
         outs = pl.pallas_call(
-            functools.partial(_bwd_resident_kernel, **statics, **flags),
-            out_shape=tuple(out_shape), grid=(plan.programs,), compiler_params=params,
+            bwd, out_shape=tuple(out_shape), grid=(plan.programs,), compiler_params=params,
             interpret=interpret, name="pallas_norm_bwd",
         )(x, *w_args, dy, rstd)
     else:
@@ -212,8 +183,7 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, plan: Plan, in
             compiler_params=params, interpret=interpret, name="pallas_norm_bwd_rowsum",
         )(x, *w_args, dy)
         outs = pl.pallas_call(
-            functools.partial(_bwd_chunk_kernel, **statics, **flags),
-            out_shape=tuple(out_shape), grid=(plan.programs, plan.chunks), compiler_params=params,
+            bwd, out_shape=tuple(out_shape), grid=(plan.programs, plan.chunks), compiler_params=params,
             interpret=interpret, name="pallas_norm_bwd_chunks",
         )(x, *w_args, dy, rstd, sum_gx)
     outs = list(outs)
