@@ -21,7 +21,8 @@ import torch
 from pallas_norm.semantics import check_scalars
 
 
-def _resolve(x: torch.Tensor, compute_dtype: torch.dtype, keep_roundings: bool | None) -> tuple[torch.dtype, bool]:
+def _resolve(compute_dtype: torch.dtype, keep_roundings: bool | None) -> tuple[torch.dtype, bool]:
+    """Roundings are kept by default for every compute dtype except float64."""
     keep = compute_dtype != torch.float64 if keep_roundings is None else keep_roundings
     return compute_dtype, keep
 
@@ -56,7 +57,7 @@ def rms_norm_ref_forward(x: torch.Tensor, weight: torch.Tensor | None = None, ep
     y has dtype x.dtype when roundings are kept, else compute_dtype; rstd has compute_dtype.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
-    cdt, keep = _resolve(x, compute_dtype, keep_roundings)
+    cdt, keep = _resolve(compute_dtype, keep_roundings)
     r = _rounder(x.dtype, keep)
     x32 = x.to(cdt)
     rstd = torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
@@ -91,7 +92,7 @@ def rms_norm_ref_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     dweight are returned in compute_dtype.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
-    cdt, keep = _resolve(x, compute_dtype, keep_roundings)
+    cdt, keep = _resolve(compute_dtype, keep_roundings)
     r = _rounder(x.dtype, keep)
     x32 = x.to(cdt)
     if rstd is None:
