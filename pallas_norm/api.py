@@ -58,9 +58,8 @@ def rms_norm(
 def rms_norm_with_rstd(x, weight=None, *, eps=1e-6, offset=0.0, casting="llama", impl=None):
     """Forward only: ``(y, rstd)`` with ``rstd`` float32 of shape ``x.shape[:-1]`` (not differentiable)."""
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
-    y, rstd = _forward_fn(eps, offset, casting, resolve_impl(impl), weight is not None)(
-        x.reshape(-1, x.shape[-1]), *_opt(weight))
-    return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
+    y, (_, _, rstd) = _rms_norm_fwd(x, weight, eps, offset, casting, resolve_impl(impl))
+    return y, rstd.reshape(x.shape[:-1])
 
 
 def _opt(weight):
@@ -74,7 +73,7 @@ def _rms_norm(x, weight, eps, offset, casting, impl):
 
 def _rms_norm_fwd(x, weight, eps, offset, casting, impl):
     x2 = x.reshape(-1, x.shape[-1])
-    y, rstd = _forward_fn(eps, offset, casting, impl, weight is not None)(x2, *_opt(weight))
+    y, rstd = _forward_fn(eps, offset, casting, impl)(x2, *_opt(weight))
     return y.reshape(x.shape), (x2, weight, rstd)
 
 
@@ -109,7 +108,7 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_fn(eps, offset, casting, impl, has_weight):
+def _forward_fn(eps, offset, casting, impl):
     """``f(x2, *weight) -> (y, rstd)``; under ``vmap`` the batch axis is folded into the rows (one launch)."""
 
     def fwd(x2, *w):
