@@ -82,7 +82,7 @@ def profile_autograd(m: int = 32768, n: int = 4096) -> str:
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    y = rms_norm(x, w, EPS)
+    y = rms_norm(x, w, EPS, backend="triton")
     for _ in range(3):
         torch.autograd.grad(y, (x, w), dy, retain_graph=True)
     torch.cuda.synchronize()
@@ -113,7 +113,7 @@ def main() -> None:
         copy = 2 * nbytes / median_ms(lambda: dst.copy_(x)) / 1e9
         results = {
             "ours (Triton)": ours_ms(x, w, dy),
-            "ours via rms_norm autograd": fwd_bwd_ms(lambda a, b: rms_norm(a, b, EPS), x, w, dy),
+            "ours via rms_norm autograd": fwd_bwd_ms(lambda a, b: rms_norm(a, b, EPS, backend="triton"), x, w, dy),
             "torch F.rms_norm": fwd_bwd_ms(lambda a, b: torch.nn.functional.rms_norm(a, (n,), b, EPS), x, w, dy),
             "HF Llama formula (eager)": fwd_bwd_ms(hf_llama, x, w, dy),
             "torch.compile(HF formula)": fwd_bwd_ms(compiled_hf, x, w, dy),

@@ -73,13 +73,13 @@ def _rms_norm(x, weight, eps, offset, casting, impl):
 
 def _rms_norm_fwd(x, weight, eps, offset, casting, impl):
     x2 = x.reshape(-1, x.shape[-1])
-    y, rstd = _forward_fn(eps, offset, casting, impl)(x2, *_opt(weight))
+    y, rstd = forward_fn(eps, offset, casting, impl)(x2, *_opt(weight))
     return y.reshape(x.shape), (x2, weight, rstd)
 
 
 def _rms_norm_bwd(eps, offset, casting, impl, residuals, dy):
     x2, weight, rstd = residuals
-    dx, dweight = _backward_fn(offset, casting, impl, weight is not None)(
+    dx, dweight = backward_fn(offset, casting, impl, weight is not None)(
         x2, *_opt(weight), dy.reshape(x2.shape), rstd)
     return dx.reshape(dy.shape), dweight
 
@@ -108,8 +108,9 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_fn(eps, offset, casting, impl):
-    """``f(x2, *weight) -> (y, rstd)``; under ``vmap`` the batch axis is folded into the rows (one launch)."""
+def forward_fn(eps, offset, casting, impl):
+    """``f(x2, *weight) -> (y, rstd)`` on 2-D ``x2``; under ``vmap`` the batch axis is folded into the rows (one
+    launch). The custom VJP and the torch bridge both run exactly this function, hence identical bits."""
 
     def fwd(x2, *w):
         return _forward_2d(x2, w[0] if w else None, eps=eps, offset=offset, casting=casting, impl=impl)
@@ -131,7 +132,7 @@ def _forward_fn(eps, offset, casting, impl):
 
 
 @functools.lru_cache(maxsize=None)
-def _backward_fn(offset, casting, impl, has_weight):
+def backward_fn(offset, casting, impl, has_weight):
     """``f(x2, *weight, dy2, rstd) -> (dx, dweight)``; under ``vmap`` rows are folded when there is no weight,
     else each example runs its own launch (each needs its own ``dweight``)."""
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_triton import check_case, make_inputs
-from torch_bridge import rms_norm
+from test_triton import check_case, make_inputs, rms_norm
 
 pytestmark = pytest.mark.gpu
 

@@ -1,9 +1,12 @@
-"""PyTorch side of pallas-norm: ``rms_norm`` (autograd-aware, ``torch.compile``-friendly custom ops).
+"""PyTorch side of pallas-norm.
 
-The Triton backend is the reference kernel; ``torch_bridge.reference`` holds the plain-torch formulas.
+``rms_norm`` and ``RMSNorm`` run the Pallas kernels (the same ones ``pallas_norm`` runs in JAX) or the Triton
+reference kernel; both are autograd-aware and ``torch.compile``-friendly custom ops.
+``torch_bridge.reference`` holds the plain-torch formulas.
 """
 
+from torch_bridge.module import RMSNorm
 from torch_bridge.ops import BACKENDS, rms_norm
 from torch_bridge.reference import rms_norm_ref, rms_norm_ref_backward, rms_norm_ref_forward
 
-__all__ = ["BACKENDS", "rms_norm", "rms_norm_ref", "rms_norm_ref_backward", "rms_norm_ref_forward"]
+__all__ = ["BACKENDS", "RMSNorm", "rms_norm", "rms_norm_ref", "rms_norm_ref_backward", "rms_norm_ref_forward"]

@@ -1,100 +1,15 @@
-"""PyTorch entry point: argument checks, ``torch.library`` custom ops and their autograd.
-
-Ops (namespace ``pallas_norm``), opaque to ``torch.compile`` (traced through their fake kernels):
-
-* ``triton_rms_norm_fwd(x, weight?, eps, offset, casting) -> (y, rstd)``
-* ``triton_rms_norm_bwd(dy, x, weight?, rstd, offset, casting, need_dx, need_dweight) -> (dx, dweight)``;
-  an output that is not needed comes back as an empty tensor of shape (0,).
-
-Both take ``x`` contiguous with any leading shape and flatten it to 2-D. CUDA tensors run the Triton
-kernels; CPU tensors run them under Triton's interpreter when ``TRITON_INTERPRET=1`` was set before
-import, else fall back to the plain-torch naive formula (same semantics and rounding points).
-"""
+"""PyTorch entry point ``rms_norm``: argument checks and the choice of kernel (Pallas or the Triton reference)."""
 
 from __future__ import annotations
 
 import torch
 
 from pallas_norm.semantics import check_scalars
-from torch_bridge import reference, triton_kernels
+from torch_bridge import pallas_ops, triton_ops  # noqa: F401  (triton_ops registers the Triton custom ops)
 
-BACKENDS: tuple[str, ...] = ("triton",)
+BACKENDS: tuple[str, ...] = ("pallas", "pallas_launch", "pallas_dlpack", "triton")
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda or (triton_kernels.INTERPRET and x.device.type == "cpu")
-
-
-def _rstd_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-@torch.library.custom_op("pallas_norm::triton_rms_norm_fwd", mutates_args=())
-def triton_rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
-                        casting: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """y = r(n * (w + offset)), rstd = rsqrt(mean(x*x) + eps) (float32; float64 for float64 x)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if _use_triton(x):
-        y, rstd = triton_kernels.rms_norm_fwd(x2, weight, eps, offset, casting)
-    else:
-        y, rstd = reference.rms_norm_ref_forward(x2, weight, eps, offset=offset, casting=casting,
-                                                 compute_dtype=_rstd_dtype(x), keep_roundings=True)
-    return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
-
-
-@triton_rms_norm_fwd.register_fake
-def _(x, weight, eps, offset, casting):
-    return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=_rstd_dtype(x))
-
-
-@torch.library.custom_op("pallas_norm::triton_rms_norm_bwd", mutates_args=())
-def triton_rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                        offset: float, casting: str, need_dx: bool, need_dweight: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = r(rstd * (g - x * rstd^2 * mean(g * x))) in a new buffer; dweight = sum_rows dy * n."""
-    n = x.shape[-1]
-    x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
-    need_dweight = need_dweight and weight is not None
-    if _use_triton(x):
-        dx, dweight = triton_kernels.rms_norm_bwd(dy2, x2, weight, rstd.reshape(-1), offset, casting,
-                                                  need_dx, need_dweight)
-    else:
-        dx, dweight = reference.rms_norm_ref_backward(dy2, x2, weight, offset=offset, casting=casting,
-                                                      compute_dtype=_rstd_dtype(x), keep_roundings=True,
-                                                      rstd=rstd.reshape(-1))
-        if x2.shape[0] == 0 and dweight is not None:
-            dweight = torch.zeros_like(weight)
-    empty = x.new_empty((0,))
-    dx = dx.reshape(x.shape) if need_dx else empty
-    dweight = dweight if need_dweight else empty.clone()
-    return dx, dweight
-
-
-@triton_rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
-    dx = torch.empty_like(x) if need_dx else x.new_empty((0,))
-    dweight = torch.empty_like(weight) if (need_dweight and weight is not None) else x.new_empty((0,))
-    return dx, dweight
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, eps, offset, casting = inputs
-    ctx.save_for_backward(x, weight, output[1])
-    ctx.offset, ctx.casting = offset, casting
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, dy: torch.Tensor, _drstd: torch.Tensor | None):
-    x, weight, rstd = ctx.saved_tensors
-    need_dx = ctx.needs_input_grad[0]
-    need_dweight = weight is not None and ctx.needs_input_grad[1]
-    dx, dweight = torch.ops.pallas_norm.triton_rms_norm_bwd(dy.contiguous(), x, weight, rstd, ctx.offset,
-                                                            ctx.casting, need_dx, need_dweight)
-    return (dx if need_dx else None), (dweight if need_dweight else None), None, None, None
-
-
-triton_rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+_ROUTES = {"pallas": "dlpack", "pallas_dlpack": "dlpack", "pallas_launch": "launch"}
 
 
 def check_tensors(x: object, weight: object) -> None:
@@ -120,18 +35,40 @@ def check_tensors(x: object, weight: object) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *, offset: float = 0.0,
-             casting: str = "llama", backend: str = "triton") -> torch.Tensor:
+             casting: str = "llama", backend: str = "pallas") -> torch.Tensor:
     """RMSNorm over the last axis, ``y = r(n * (weight + offset))`` per docs/semantics.md; autograd-aware.
 
     ``casting`` in ("llama", "gemma", "none"); ``offset=1.0`` with zero-initialised weights gives Gemma.
+    ``backend``:
+
+    - ``"pallas"`` (= ``"pallas_dlpack"``): the Pallas kernels run by JAX, handed the tensors through DLPack
+      (zero-copy, ordered on torch's current stream): bit for bit ``pallas_norm.rms_norm``'s results. CPU
+      tensors run the kernels under Pallas's interpreter;
+    - ``"pallas_launch"``: CUDA only, for small calls: the same Pallas-generated kernels compiled by torch's
+      Triton and launched on torch's current stream; may differ from JAX in the last bits (see
+      ``torch_bridge.pallas_ops``);
+    - ``"triton"``: the Triton reference kernel (Triton's interpreter on CPU under ``TRITON_INTERPRET=1``).
+
     Output has x's dtype and shape; non-contiguous x (and weight) are copied to contiguous memory first.
-    Never writes into its inputs (nor into the cotangent in the backward).
+    Never writes into its inputs (nor into the cotangent in the backward). The Pallas backends take
+    float32/bfloat16/float16; ``"triton"`` also float64.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     check_tensors(x, weight)
-    if weight is not None:
-        weight = weight.contiguous()
-    y, _ = torch.ops.pallas_norm.triton_rms_norm_fwd(x.contiguous(), weight, eps, offset, casting)
-    return y
+    if backend == "triton":
+        if weight is not None:
+            weight = weight.contiguous()
+        y, _ = torch.ops.pallas_norm.triton_rms_norm_fwd(x.contiguous(), weight, eps, offset, casting)
+        return y
+    for name, t in (("x", x), ("weight", weight)):
+        if t is not None and t.dtype == torch.float64:
+            raise TypeError(f"{name} must be float32, bfloat16 or float16 for backend={backend!r} (the Pallas "
+                            "kernels), got torch.float64; use backend='triton' for float64")
+    route = _ROUTES[backend]
+    if torch.compiler.is_compiling():
+        return torch.ops.pallas_norm.pallas_rms_norm_fwd(x, weight, eps, offset, casting, route)[0]
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        return pallas_ops.PallasRMSNormFunction.apply(x, weight, eps, offset, casting, route)
+    return pallas_ops.forward_impl(x, weight, eps, offset, casting, route)[0]  # nothing to differentiate

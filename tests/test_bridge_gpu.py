@@ -1,0 +1,134 @@
+"""The bridge on a GPU: the DLPack route gives JAX's bits at LLM sizes, the launch route is as accurate as the
+reference kernel, neither races torch's stream, memory stays flat over 10k calls, and the launch route falls back
+to DLPack when a lowered module is not a kernel chain."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import torch
+
+from test_bridge import assert_same_bits, jax_results, torch_results
+from test_triton import check_case, make_inputs
+from torch_bridge import launch_route, pallas_ops, rms_norm
+
+pytestmark = pytest.mark.gpu
+
+
+SHAPES = [
+        ((8, 4096), torch.bfloat16, "llama", 0.0, None),
+        ((32768, 4096), torch.bfloat16, "llama", 0.0, None),
+        ((4096, 4096), torch.bfloat16, "gemma", 1.0, torch.float32),
+        ((65536, 2304), torch.float16, "none", 0.0, None),
+        ((64, 20000), torch.float32, "gemma", 1.0, None),
+        ((1024, 262144), torch.bfloat16, "llama", 0.0, None),
+        ((3, 65537), torch.bfloat16, "none", 0.0, None),
+]
+
+
+@pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
+def test_dlpack_route_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset, weight_dtype):
+    x, w, dy = make_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=4)
+    kw = dict(eps=1e-6, offset=offset, casting=casting)
+    assert_same_bits(torch_results(x, w, dy, backend="pallas", **kw), jax_results(x, w, dy, **kw))
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
+def test_launch_route_accuracy(shape, dtype, casting, offset, weight_dtype):
+    """Torch's Triton compiles the Pallas IR with another reduction order than XLA's Triton, so the launch route
+    is held to the reference kernel's rule (vs float64, and the naive formula's rounding points), not to bits.
+    Under "none" casting rstd itself is rounded to x's dtype, so a last-bit change in the float32 rstd may flip
+    that rounding and move a whole row by one ulp of rstd: there only the float64 accuracy bound applies."""
+    check_case(shape, dtype, casting, offset, weight_dtype=weight_dtype, seed=4, backend="pallas_launch",
+               rounding_points=casting != "none")
+    torch.cuda.empty_cache()
+
+
+def race_free(step, reps: int = 4) -> bool:
+    """Run ``step(x, w, dy) -> tensors`` on a side stream right after a ~20 ms producer that writes x and dy
+    (their buffers hold NaN until then), consume the results at once on that stream, and compare with a
+    synchronous run. Fresh data each rep, so a stale buffer from the previous rep cannot pass by luck."""
+    side = torch.cuda.Stream()
+    ok = True
+    for rep in range(reps):
+        x_src, w, dy_src = make_inputs((8, 4096), torch.bfloat16, 0.0, seed=10 + rep)
+        expected = [t.clone() for t in step(x_src, w, dy_src)]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            x = torch.full_like(x_src, float("nan"))
+            dy = torch.full_like(dy_src, float("nan"))
+            torch.cuda._sleep(40_000_000)
+            x.copy_(x_src), dy.copy_(dy_src)
+            got = [t.clone() for t in step(x, w, dy)]
+        torch.cuda.synchronize()
+        ok &= all(torch.equal(a, b) for a, b in zip(got, expected))
+    return ok
+
+
+def _autograd_step(backend):
+    def step(x, w, dy):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = rms_norm(x, w, backend=backend)
+        return (y, *torch.autograd.grad(y, (x, w), dy))
+    return step
+
+
+def _launch_on_own_stream(x, w, dy):
+    """Deliberately broken bridge: launches on a stream of its own, not waiting for torch's current one."""
+    launcher = launch_route.forward_launcher(*x.shape, x.dtype, w.dtype, 1e-6, 0.0, "llama", x.device.index)
+    return launcher(x, w, stream=torch.cuda.Stream().cuda_stream)[:1]
+
+
+@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack"])
+def test_no_race_with_torch_streams(backend):
+    assert race_free(_autograd_step(backend))
+
+
+def test_race_check_catches_a_bridge_ignoring_torch_stream():
+    assert not race_free(_launch_on_own_stream)
+
+
+def _jax_bytes_in_use() -> int:
+    return jax.devices("gpu")[0].memory_stats()["bytes_in_use"]
+
+
+def memory_growth(step, calls: int) -> tuple[int, int]:
+    """(torch, JAX) device bytes in use after ``calls`` calls of ``step`` minus before (after a warm-up)."""
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(), _jax_bytes_in_use()
+    for _ in range(calls):
+        step()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() - before[0], _jax_bytes_in_use() - before[1]
+
+
+@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack"])
+def test_memory_flat_over_10k_calls(backend):
+    x, w, dy = make_inputs((8, 4096), torch.bfloat16, 0.0)
+    x.requires_grad_(), w.requires_grad_()
+
+    def step():
+        rms_norm(x, w, backend=backend).backward(dy)
+        x.grad = w.grad = None
+
+    assert memory_growth(step, 10_000) == (0, 0)
+    kept = []
+    assert sum(memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)) > 0  # a leak shows
+
+
+def test_launch_route_falls_back_to_dlpack(monkeypatch):
+    x, w, dy = make_inputs((5, 256), torch.bfloat16, 1.0, seed=7)
+
+    def unsupported(*args):
+        raise launch_route.UnsupportedProgram("test: module holds stablehlo.multiply")
+
+    monkeypatch.setattr(launch_route, "forward_launcher", unsupported)
+    monkeypatch.setattr(launch_route, "backward_launcher", unsupported)
+    monkeypatch.setattr(pallas_ops, "_unsupported", set())
+    kw = dict(offset=1.0, casting="gemma")
+    with pytest.warns(RuntimeWarning, match="using the DLPack route"):
+        fallback = torch_results(x, w, dy, backend="pallas_launch", **kw)
+    assert_same_bits(fallback, torch_results(x, w, dy, backend="pallas_dlpack", **kw))

@@ -1,0 +1,105 @@
+"""The general route: torch tensors → JAX arrays (DLPack, zero-copy) → the Pallas kernels' JAX functions →
+torch tensors (DLPack, zero-copy).
+
+Stream order, with no host synchronisation:
+
+* in: ``jax.dlpack.from_dlpack`` hands the producer (torch) JAX's stream, and torch makes that stream wait
+  for the work already queued on torch's **current** stream;
+* out: ``torch.from_dlpack`` hands JAX torch's current stream, and JAX makes it wait for the kernel.
+
+The outputs stay JAX-owned buffers viewed by torch; JAX frees them when the torch tensor dies. Work on
+other torch streams than the current one needs ``Tensor.record_stream``-style care, as for any tensor.
+
+One ``jax.jit`` function per (kind, mode, impl), cached; jit compiles once per shape and dtypes and its C++
+dispatch is the fastest way into the executable: a call is one import per input, one dispatch, one export
+per output.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import torch
+
+from pallas_norm import api
+from torch_bridge.jax_device import jax_device_for
+
+try:  # jax.dlpack.from_dlpack's own work without its Python layers (~40 µs a tensor on the H100 host)
+    from jax._src.lib import _jax as _jax_lib
+
+    _import_buffer = _jax_lib.dlpack_managed_tensor_to_buffer
+except (ImportError, AttributeError):  # another JAX version: the public function (same semantics, slower)
+    _import_buffer = None
+
+_KDL_CUDA = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _ready_stream(device: jax.Device) -> int | None:
+    """The stream JAX asks producers to order their pending work before (what ``from_dlpack`` passes)."""
+    return device.get_stream_for_external_ready_events()
+
+
+def to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
+    """Zero-copy view of ``t`` as a JAX array (``t`` must be contiguous; XLA needs aligned buffers).
+
+    For CUDA tensors torch makes JAX's stream wait for the work queued on torch's current stream.
+    """
+    t = t.detach()
+    if _import_buffer is None or not t.is_cuda:
+        return jax.dlpack.from_dlpack(t, device=device, copy=False)
+    stream = _ready_stream(device)
+    return _import_buffer(t.__dlpack__(stream=stream), device, stream, False, _KDL_CUDA)
+
+
+def to_torch(a: jax.Array) -> torch.Tensor:
+    """Zero-copy view of ``a`` as a torch tensor, ordered after JAX's work on torch's current stream."""
+    return torch.from_dlpack(a)
+
+
+def _impl_for(device: jax.Device) -> str:
+    return "pallas" if device.platform == "gpu" else "interpret"
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_jit(eps: float, offset: float, casting: str, impl: str):
+    fn = api.forward_fn(eps, offset, casting, impl)
+
+    def run(x, *w):  # reshapes are free bitcasts in XLA; torch then gets x-shaped tensors, not views
+        y, rstd = fn(x.reshape(-1, x.shape[-1]), *w)
+        return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_jit(offset: float, casting: str, impl: str, has_weight: bool):
+    fn = api.backward_fn(offset, casting, impl, has_weight)
+
+    def run(x, *rest):
+        dy, rstd = rest[-2:]
+        n = x.shape[-1]
+        dx, dweight = fn(x.reshape(-1, n), *rest[:-2], dy.reshape(-1, n), rstd.reshape(-1))
+        return dx.reshape(x.shape), dweight
+
+    return jax.jit(run)
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, rstd)`` (shapes ``x.shape`` and ``x.shape[:-1]``) via the JAX function ``api.forward_fn``."""
+    device = jax_device_for(x)
+    args = [to_jax(x, device)] + ([] if weight is None else [to_jax(weight, device)])
+    y, rstd = _forward_jit(eps, offset, casting, _impl_for(device))(*args)
+    return to_torch(y), to_torch(rstd)
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+             offset: float, casting: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(dx, dweight)`` via ``api.backward_fn``; ``dweight`` is None without weight."""
+    device = jax_device_for(x)
+    args = [to_jax(x, device)] + ([] if weight is None else [to_jax(weight, device)])
+    fn = _backward_jit(offset, casting, _impl_for(device), weight is not None)
+    dx, dweight = fn(*args, to_jax(dy, device), to_jax(rstd, device))
+    return to_torch(dx), (None if dweight is None else to_torch(dweight))

@@ -1,0 +1,46 @@
+"""Which JAX device serves a torch tensor, and JAX's memory settings inside a torch process.
+
+JAX pre-allocates 75% of GPU memory on first use; in a process that also runs torch that starves torch's
+caching allocator. Importing ``torch_bridge`` therefore sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless
+the user set it (it only takes effect if JAX's GPU backend was not initialised before).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402  (after the environment default above)
+import torch  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_devices() -> dict[int, jax.Device]:
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        return {}
+    return {int(d.local_hardware_id): d for d in devices}
+
+
+def jax_device_for(t: torch.Tensor) -> jax.Device:
+    """The JAX device holding the same memory as ``t`` (CPU, or the GPU with ``t``'s CUDA ordinal).
+
+    Raises ValueError when JAX cannot see that device (no JAX GPU backend, a GPU hidden from JAX, or a
+    device type JAX does not run on), naming the tensor's device and what JAX sees.
+    """
+    if t.device.type == "cpu":
+        return jax.devices("cpu")[0]
+    if t.device.type != "cuda":
+        raise ValueError(f"x is on {t.device}; the Pallas backend runs on CPU or CUDA tensors")
+    gpus = _gpu_devices()
+    if not gpus:
+        raise ValueError(f"x is on {t.device} but JAX sees no GPU (jax.devices() = {jax.devices()}); "
+                         "install jax[cuda] matching torch's CUDA, or use backend='triton'")
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if index not in gpus:
+        raise ValueError(f"x is on cuda:{index} but JAX only sees GPUs {sorted(gpus)} (local hardware ids); "
+                         "make the same GPUs visible to torch and JAX")
+    return gpus[index]

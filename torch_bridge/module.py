@@ -1,0 +1,41 @@
+"""``torch_bridge.RMSNorm``: a drop-in ``torch.nn.RMSNorm`` running the Pallas (or Triton) kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from pallas_norm.semantics import check_scalars
+from torch_bridge.ops import BACKENDS, rms_norm
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``y = r(x · rsqrt(mean(x²) + eps) · (weight + offset))`` over the last axis (rounding per ``casting``).
+
+    The parameter is named ``weight`` as in ``torch.nn.RMSNorm`` and the Hugging Face modules, so their
+    state_dicts load unchanged. It starts where the effective scale ``weight + offset`` is 1: ones, or zeros
+    for Gemma's ``offset=1``. Only the last axis is normalised (``normalized_shape`` an int or 1-tuple).
+    """
+
+    def __init__(self, normalized_shape: int | tuple[int] | list[int], eps: float = 1e-6, *, offset: float = 0.0,
+                 casting: str = "llama", backend: str = "pallas", elementwise_affine: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 1:
+            raise ValueError(f"normalized_shape must be a positive int or a 1-tuple (the last axis), "
+                             f"got {normalized_shape!r}")
+        eps, offset, casting = check_scalars(eps, offset, casting, has_weight=elementwise_affine)
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.offset, self.casting, self.backend = offset, casting, backend
+        super().__init__(shape, eps, elementwise_affine, device=device, dtype=dtype)
+
+    def reset_parameters(self) -> None:
+        """Weight = 1 - offset: ones (Llama), zeros (Gemma, offset=1)."""
+        if self.weight is not None:
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, offset=self.offset, casting=self.casting, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, offset={self.offset}, casting={self.casting!r}, backend={self.backend!r}"
