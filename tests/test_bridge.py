@@ -248,6 +248,8 @@ def test_bad_inputs_for_the_pallas_backend():
         rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64))
     with pytest.raises(ValueError, match="CPU or CUDA"):
         rms_norm(torch.ones(2, 8, device="meta"), None)
+    with pytest.raises(ValueError, match="route must be one of"):
+        torch.ops.pallas_norm.pallas_rms_norm_fwd(torch.ones(2, 8), None, 1e-6, 0.0, "llama", "jax")
     if not HAS_CUDA:
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             rms_norm(torch.ones(2, 8), None, backend="pallas_launch")

@@ -39,6 +39,11 @@ def kernel_ready(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 32 == 0 else t.clone()
 
 
+def _check_route(route: object) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+
+
 def _launcher(launcher_fn, key: tuple, x: torch.Tensor):
     """The launch route's compiled program for ``key``, or None when its module cannot be launched directly
     (warned once per key; the caller then takes the DLPack route)."""
@@ -101,6 +106,7 @@ def backward_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
 def pallas_rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
                         route: str) -> tuple[torch.Tensor, torch.Tensor]:
     """y = r(n * (w + offset)), rstd = rsqrt(mean(x*x) + eps) in float32, by the Pallas forward kernel."""
+    _check_route(route)
     return forward_impl(x, weight, eps, offset, casting, route)
 
 
@@ -113,6 +119,7 @@ def _(x, weight, eps, offset, casting, route):
 def pallas_rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
                         offset: float, casting: str, route: str) -> tuple[torch.Tensor, torch.Tensor]:
     """dx = r(rstd * (g - x * rstd^2 * mean(g * x))), dweight = sum_rows dy * n, by the Pallas backward."""
+    _check_route(route)
     dx, dweight = backward_impl(dy, x, weight, rstd, offset, casting, route)
     return dx, (x.new_empty((0,)) if dweight is None else dweight)
 
