@@ -20,7 +20,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 import pallas_norm
 from test_triton import DEVICE, make_inputs
-from torch_bridge import RMSNorm, dlpack_route, jax_device, pallas_ops, rms_norm
+from torch_bridge import RMSNorm, dlpack_route, jax_device, launch_route, pallas_ops, rms_norm
 
 HAS_CUDA = DEVICE == "cuda"
 JAX_IMPL = "pallas" if HAS_CUDA else "interpret"
@@ -263,3 +263,22 @@ def test_clear_errors_for_gpus_jax_does_not_see(monkeypatch):
     monkeypatch.setattr(jax_device, "_gpu_devices", lambda: {0: object()})
     with pytest.raises(ValueError, match=r"cuda:1 but JAX only sees GPUs \[0\]"):
         jax_device.jax_device_for(fake)
+
+
+def test_launch_route_reads_lowered_modules_as_kernel_chains():
+    """The launch route's reader, on modules lowered for an (abstract) H100: kernels, grids, data flow; and a
+    module with an XLA op is refused (the caller then falls back to DLPack)."""
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        fwd = launch_route.forward_program(8, 4096, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama")
+        bwd = launch_route.backward_program(8, 32768, torch.bfloat16, torch.float32, 1.0, "gemma")
+        xla = jax.jit(lambda a: a * 2).trace(jax.ShapeDtypeStruct((4,), jnp.float32)).lower()
+    assert [c.name for c in fwd.calls] == ["pallas_norm_fwd"] and fwd.num_inputs == 2 and fwd.outputs == (2, 3)
+    assert fwd.calls[0].result_shapes == ((8, 4096), (8,)) and "tt.func public @pallas_norm_fwd" in fwd.calls[0].ttir
+    names = [c.name for c in bwd.calls]
+    assert names == ["pallas_norm_bwd_rowsum", "pallas_norm_bwd_chunks", "pallas_norm_dweight_reduce"]
+    rowsum, chunks, reduce = bwd.calls
+    assert chunks.operands[-1] == rowsum.results[0] and reduce.operands == (chunks.results[1],)
+    assert bwd.outputs == (chunks.results[0], reduce.results[0])
+    with pytest.raises(launch_route.UnsupportedProgram, match="not only __gpu"):
+        launch_route.parse_program(xla.compiler_ir("stablehlo"))

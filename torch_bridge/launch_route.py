@@ -1,6 +1,6 @@
 """The fast CUDA route: run the Pallas kernels on torch's current stream, without the JAX runtime per call.
 
-Once per (kind, shape, dtypes, mode), ``lower_program`` lowers the very JAX function the JAX API runs
+Once per (kind, shape, dtypes, mode), ``forward_program``/``backward_program`` lower the very JAX function the JAX API runs
 (``pallas_norm.api.forward_fn`` / ``backward_fn``) and reads the lowered module. Pallas hands each kernel to
 XLA as a ``__gpu$xla.gpu.triton`` custom call whose backend config carries the kernel's Triton IR, grid and
 launch settings. The module of our functions is nothing but a chain of such calls, so it is kept as a
