@@ -209,7 +209,7 @@ def test_checkpointing_bf16_every_parameter_gets_its_gradient(reentrant):
                                        (torch.nn.RMSNorm, dict(eps=1e-6))], ids=["llama", "gemma", "torch"])
 def test_state_dict_round_trip_with_hf_modules(hf_cls, kw):
     n = 96
-    theirs = hf_cls(n, eps=1e-6) if hf_cls is not torch.nn.RMSNorm else hf_cls(n, eps=1e-6)
+    theirs = hf_cls(n, eps=1e-6)
     ours = RMSNorm(n, **kw)
     assert torch.equal(ours.weight, theirs.weight)  # the same initial value (ones; zeros for Gemma)
     with torch.no_grad():

@@ -167,6 +167,7 @@ class Launcher:
 
     def __init__(self, program: Program, device_index: int):
         self.program, self.device_index = program, device_index
+        self.device = torch.device("cuda", device_index)
         kernels = [_compile(c) for c in program.calls]
         self.launches = []
         for call, kernel in zip(program.calls, kernels):
@@ -184,10 +185,9 @@ class Launcher:
         if stream is None:
             stream = torch._C._cuda_getCurrentRawStream(self.device_index)
         values = list(inputs)
-        device = inputs[0].device
         for call, go, allocs in zip(self.program.calls, self.launches, self.allocs):
             outs = [torch.empty(shape if pos is None or out_shapes is None else out_shapes[pos], dtype=dtype,
-                                device=device) for pos, shape, dtype in allocs]
+                                device=self.device) for pos, shape, dtype in allocs]
             go(stream, *[values[i] for i in call.operands], *outs)
             values.extend(outs)
         return tuple(values[i] for i in self.program.outputs)

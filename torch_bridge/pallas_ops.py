@@ -136,12 +136,17 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(output[1])
 
 
+def _input_grads(ctx, weight: torch.Tensor | None, dx: torch.Tensor, dweight: torch.Tensor | None) -> tuple:
+    """Gradients for (x, weight, eps, offset, casting, route), None where autograd did not ask."""
+    need_dweight = weight is not None and ctx.needs_input_grad[1]
+    return (dx if ctx.needs_input_grad[0] else None), (dweight if need_dweight else None), None, None, None, None
+
+
 def _op_backward(ctx, dy: torch.Tensor, _drstd: torch.Tensor | None):
     x, weight, rstd = ctx.saved_tensors
     dx, dweight = torch.ops.pallas_norm.pallas_rms_norm_bwd(dy.contiguous(), x, weight, rstd, ctx.offset,
                                                             ctx.casting, ctx.route)
-    need_dweight = weight is not None and ctx.needs_input_grad[1]
-    return (dx if ctx.needs_input_grad[0] else None), (dweight if need_dweight else None), None, None, None, None
+    return _input_grads(ctx, weight, dx, dweight)
 
 
 pallas_rms_norm_fwd.register_autograd(_op_backward, setup_context=_setup_context)
@@ -161,5 +166,4 @@ class PallasRMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         dx, dweight = backward_impl(dy, x, weight, rstd, ctx.offset, ctx.casting, ctx.route)
-        need_dweight = weight is not None and ctx.needs_input_grad[1]
-        return (dx if ctx.needs_input_grad[0] else None), (dweight if need_dweight else None), None, None, None, None
+        return _input_grads(ctx, weight, dx, dweight)
