@@ -9,32 +9,24 @@ summation size (sqrt(N) for y and dx, sqrt(M) for dweight) times the magnitude o
 from __future__ import annotations
 
 import functools
-import math
 
 import pytest
 import torch
 
-from torch_bridge import BACKENDS, rms_norm_ref, rms_norm_ref_backward, triton_kernels
+from torch_bridge import BACKENDS, parity, rms_norm_ref, rms_norm_ref_backward, triton_kernels
+from torch_bridge.tolerance import assert_accurate, assert_same_rounding_points, atol_for, term_scales
 from torch_bridge import rms_norm as _rms_norm
 
 rms_norm = functools.partial(_rms_norm, backend="triton")
 
 CASTINGS = ("llama", "gemma", "none")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-EPS32 = 2.0**-23
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run under TRITON_INTERPRET
 
 
 def make_inputs(shape, dtype, offset, weight_dtype=None, seed=0, device=DEVICE):
-    """x with row scales spread over ~e^{±2}, non-trivial weight (offset 1: zeros + 0.1·randn), cotangent dy."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    f = dict(generator=g, dtype=torch.float32, device=device)
-    n = shape[-1]
-    x = torch.randn(shape, **f) * torch.exp(torch.randn(*shape[:-1], 1, **f))
-    base = 0.0 if offset else 1.0
-    w = base + (0.1 if offset else 0.3) * torch.randn(n, **f)
-    dy = torch.randn(shape, **f)
-    return x.to(dtype), w.to(weight_dtype or dtype), dy.to(dtype)
+    """``torch_bridge.parity.make_inputs`` on the test device by default."""
+    return parity.make_inputs(shape, dtype, offset, weight_dtype, seed, device)
 
 
 def run_kernel(x, w, dy, backend="triton", **kw):
@@ -50,46 +42,6 @@ def run_ref(x, w, dy, compute_dtype, **kw):
     y = rms_norm_ref(x, w, compute_dtype=compute_dtype, **kw)
     dx, dw = rms_norm_ref_backward(dy, x, w, compute_dtype=compute_dtype, **kw)
     return y, dx, dw
-
-
-def term_scales(x, w, dy, offset):
-    """Magnitudes of the terms each output is made of (atol scale; dx and dweight can cancel far below them)."""
-    x64, dy64 = x.double(), dy.double()
-    rstd = torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6)
-    g = dy64 if w is None else dy64 * (w.double() + offset)
-    y = (x64 * rstd) if w is None else x64 * rstd * (w.double() + offset)
-    dw_terms = (dy64 * x64 * rstd).reshape(-1, x.shape[-1])
-    return [t.abs().max().item() if t.numel() else 0.0 for t in (y, rstd * g, dw_terms.square().sum(0).sqrt())]
-
-
-def atol_for(n_reduce, scale):
-    """float32 summation/rounding-order allowance: 4 eps32 (sqrt(n_reduce) + 2) x the terms' magnitude."""
-    return 4 * EPS32 * (math.sqrt(n_reduce) + 2) * scale
-
-
-def assert_accurate(name, out, naive, ref, n_reduce, scale):
-    """err(out) <= 2 err(naive) + atol_for(n_reduce, scale), errors as max abs vs the float64 ref."""
-    assert out.shape == ref.shape, name
-    if out.numel() == 0:
-        return
-    out64, naive64, ref64 = out.double(), naive.double(), ref.double()
-    assert torch.isfinite(out64).all(), f"{name}: non-finite values"
-    err = (out64 - ref64).abs().max().item()
-    err_naive = (naive64 - ref64).abs().max().item()
-    atol = atol_for(n_reduce, scale)
-    assert err <= 2 * err_naive + atol, f"{name}: error {err:.3e} > 2 x naive {err_naive:.3e} + atol {atol:.3e}"
-
-
-def assert_same_rounding_points(name, out, naive, atol, max_fraction=0.01):
-    """16-bit outputs: the kernel equals the naive formula except for rare single-ulp flips (beyond the
-    summation-order atol, which matters where dx cancels)."""
-    if out.numel() == 0 or out.dtype == torch.float32:
-        return
-    diff = (out.double() - naive.double()).abs()
-    fraction = (diff > atol).double().mean().item()
-    assert fraction <= max_fraction, f"{name}: {fraction:.3%} of elements differ"
-    ulp = torch.finfo(out.dtype).eps * naive.double().abs().clamp_min(torch.finfo(out.dtype).tiny)
-    assert (diff <= 2 * ulp + atol).all(), f"{name}: differs by > 1 ulp + atol {atol:.3e}"
 
 
 def check_case(shape, dtype, casting, offset, weight_dtype=None, with_weight=True, seed=0, backend="triton",

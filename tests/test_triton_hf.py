@@ -14,8 +14,8 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from test_triton import (DEVICE, assert_accurate, assert_same_rounding_points, atol_for, rms_norm, run_kernel, run_ref,
-                         term_scales)
+from test_triton import DEVICE, rms_norm, run_kernel, run_ref
+from torch_bridge.tolerance import assert_accurate, assert_same_rounding_points, atol_for, term_scales
 
 MODULES = {
     "llama": (LlamaRMSNorm, "llama", 0.0),

@@ -2,11 +2,14 @@
 
 ``rms_norm`` and ``RMSNorm`` run the Pallas kernels (the same ones ``pallas_norm`` runs in JAX) or the Triton
 reference kernel; both are autograd-aware and ``torch.compile``-friendly custom ops.
-``torch_bridge.reference`` holds the plain-torch formulas.
+``patch_hf_model`` swaps them into Hugging Face models; ``torch_bridge.reference`` holds the plain-torch
+formulas and ``torch_bridge.parity`` the cross-stack parity matrix.
 """
 
+from torch_bridge.hf import patch_hf_model, unpatch_hf_model
 from torch_bridge.module import RMSNorm
 from torch_bridge.ops import BACKENDS, rms_norm
 from torch_bridge.reference import rms_norm_ref, rms_norm_ref_backward, rms_norm_ref_forward
 
-__all__ = ["BACKENDS", "RMSNorm", "rms_norm", "rms_norm_ref", "rms_norm_ref_backward", "rms_norm_ref_forward"]
+__all__ = ["BACKENDS", "RMSNorm", "patch_hf_model", "rms_norm", "rms_norm_ref", "rms_norm_ref_backward",
+           "rms_norm_ref_forward", "unpatch_hf_model"]

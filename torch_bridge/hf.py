@@ -1,0 +1,123 @@
+"""One-line Hugging Face patching: every known RMSNorm of a ``transformers`` model becomes ``torch_bridge.RMSNorm``.
+
+Known classes and the mode each computes (``docs/semantics.md``):
+
+* Llama, Mistral, Qwen2, Qwen3, Phi3 — ``r(x·rstd)`` then ``× weight``: casting "llama", offset 0;
+* Gemma, Gemma2, Gemma3 — ``x·rstd·(1 + weight)`` in float32: casting "gemma", offset 1.
+
+Anything else whose class name ends in ``RMSNorm`` is left alone with one warning per class: its semantics are
+never guessed. The replacement keeps the original ``weight`` Parameter object, so optimizers and state_dicts
+made before or after patching keep working. HF's Llama-style modules return float32 when their weight is
+float32 and the input 16-bit (type promotion); ours return the input's dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from torch_bridge.module import RMSNorm
+from torch_bridge.ops import BACKENDS
+from torch_bridge.parity import torch_grads
+from torch_bridge.reference import rms_norm_ref, rms_norm_ref_backward
+from torch_bridge.tolerance import accuracy_failure, term_scales
+
+# class name -> (casting, offset, attribute holding eps)
+KNOWN_NORMS: dict[str, tuple[str, float, str]] = {
+    **{f"{family}RMSNorm": ("llama", 0.0, "variance_epsilon") for family in ("Llama", "Mistral", "Qwen2", "Qwen3",
+                                                                              "Phi3")},
+    **{f"{family}RMSNorm": ("gemma", 1.0, "eps") for family in ("Gemma", "Gemma2", "Gemma3")},
+}
+_ORIGINAL = "_pallas_norm_hf_original"  # attribute of a patched module holding the HF module it replaced
+
+
+def _known(module: torch.nn.Module) -> tuple[str, float, str] | None:
+    cls = type(module)
+    if cls.__module__.startswith("transformers.models.") and cls.__name__ in KNOWN_NORMS:
+        return KNOWN_NORMS[cls.__name__]
+    return None
+
+
+def _replacement(module: torch.nn.Module, backend: str) -> RMSNorm:
+    casting, offset, eps_attr = _known(module)
+    weight = module.weight
+    new = RMSNorm(weight.shape[0], float(getattr(module, eps_attr)), offset=offset, casting=casting, backend=backend,
+                  device="meta", dtype=weight.dtype)
+    new.weight = weight  # the same Parameter object
+    new.train(module.training)
+    object.__setattr__(new, _ORIGINAL, module)  # not a submodule: invisible to state_dict and parameters()
+    return new
+
+
+def _probe_failure(original: torch.nn.Module, patched: RMSNorm) -> str | None:
+    """Forward and backward of both modules on a random probe (with a perturbed copy of the weight) against the
+    float64 reference; ours must meet the accuracy rule with the original as the naive formula."""
+    weight = patched.weight
+    n, dt, dev = weight.shape[0], weight.dtype, weight.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = (2.0 * torch.randn(8, n, generator=g, device=dev)).to(dt)
+    dy = torch.randn(8, n, generator=g, device=dev).to(dt)
+    w = (weight.detach().float() + 0.1 * torch.randn(n, generator=g, device=dev)).to(dt)
+    kw = dict(eps=patched.eps, offset=patched.offset, casting=patched.casting)
+    with torch.enable_grad():
+        ours, theirs = (torch_grads(lambda a, b, m=m: torch.func.functional_call(m, {"weight": b}, (a,)), x, w, dy)
+                        for m in (patched, original))
+    ref = (rms_norm_ref(x, w, **kw), *rms_norm_ref_backward(dy, x, w, **kw))
+    scales = term_scales(x, w, dy, patched.offset, patched.eps)
+    for name, o, t, r, k, s in zip(("y", "dx", "dweight"), ours, theirs, ref, (n, n, 8), scales):
+        failure = accuracy_failure(name, o.to(t.dtype), t, r, k, s)
+        if failure:
+            return failure
+    return None
+
+
+def _set(model: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def unpatch_hf_model(model: torch.nn.Module) -> list[str]:
+    """Put back every HF module ``patch_hf_model`` replaced (with the current ``weight`` Parameter); returns their
+    paths."""
+    restored = []
+    for path, module in list(model.named_modules()):
+        original = getattr(module, _ORIGINAL, None)
+        if original is not None:
+            original.weight = module.weight
+            original.train(module.training)
+            _set(model, path, original)
+            restored.append(path)
+    return restored
+
+
+def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: bool = True) -> list[str]:
+    """Replace every known HF RMSNorm in ``model`` by ``torch_bridge.RMSNorm`` of the same mode; returns the
+    replaced modules' paths.
+
+    ``verify``: each replacement is first checked against the module it replaces on a random probe, forward and
+    backward; on a mismatch nothing stays patched and a RuntimeError names the module and the error.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    patched, unknown = [], set()
+    for path, module in list(model.named_modules()):
+        cls = type(module)
+        if _known(module) is None:
+            if cls.__name__.lower().endswith("rmsnorm") and not isinstance(module, RMSNorm):
+                unknown.add(f"{cls.__module__}.{cls.__name__}")
+            continue
+        new = _replacement(module, backend)
+        failure = _probe_failure(module, new) if verify and new.weight.device.type != "meta" else None
+        if failure:
+            unpatch_hf_model(model)
+            raise RuntimeError(f"patch_hf_model: {path} ({cls.__name__} -> casting={new.casting!r}, "
+                               f"offset={new.offset}, backend={backend!r}) disagrees with the original: {failure}")
+        _set(model, path, new)
+        patched.append(path)
+    for name in sorted(unknown):
+        warnings.warn(f"patch_hf_model: left {name} unpatched (unknown RMSNorm class; its semantics are not "
+                      "guessed)", UserWarning, stacklevel=2)
+    return patched
