@@ -117,12 +117,16 @@ def test_gemma2_check_catches_a_norm_writing_into_dy(gemma2_hf):
 
 # --- Qwen2, bf16, gradient checkpointing ---------------------------------------------------------------------------
 
-class _DetachedWeightNorm(Qwen2RMSNorm):
-    """Deliberately broken norm: its weight never gets a gradient (the lost-gradient failure class)."""
+class _SwappedNorm(Qwen2RMSNorm):
+    """Base of the test-only broken Llama-style norms: takes over an HF norm's weight Parameter and eps."""
 
     def __init__(self, hf_norm):
         super().__init__(hf_norm.weight.shape[0], hf_norm.variance_epsilon)
         self.weight = hf_norm.weight
+
+
+class _DetachedWeightNorm(_SwappedNorm):
+    """Deliberately broken norm: its weight never gets a gradient (the lost-gradient failure class)."""
 
     def forward(self, h):
         return rms_norm(h, self.weight.detach(), self.variance_epsilon)
@@ -179,12 +183,8 @@ def test_qwen2_check_catches_a_lost_weight_gradient(qwen2_reference):
 
 # --- Depth -----------------------------------------------------------------------------------------------------------
 
-class _WeightRoundedNorm(Qwen2RMSNorm):
+class _WeightRoundedNorm(_SwappedNorm):
     """Deliberately slipped norm: rounds its weight to bf16 (a silent mixed-precision mix-up)."""
-
-    def __init__(self, hf_norm):
-        super().__init__(hf_norm.weight.shape[0], hf_norm.variance_epsilon)
-        self.weight = hf_norm.weight
 
     def forward(self, h):
         return rms_norm(h, self.weight.bfloat16().float(), self.variance_epsilon)
