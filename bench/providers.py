@@ -1,0 +1,134 @@
+"""The benchmark's providers: ours and every peer that imports, each as ``{mode: callable}`` over shared inputs.
+
+Modes: ``fwd`` (no autograd), ``bwd`` (the backward alone, from saved activations: a retained torch graph or a JAX
+``vjp`` closure passed to a jitted function), ``fwd+bwd`` (a fresh forward and its backward, dx and dweight).
+Peers compute their own formula for the mode (HF Llama's or HF Gemma's; ``F.rms_norm`` is Llama-like).
+JAX providers see the torch tensors through DLPack (zero-copy), so every provider reads the same memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import torch
+
+import pallas_norm
+import torch_bridge
+from torch_bridge import dlpack_route, jax_device
+
+EPS = 1e-6
+MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+@dataclasses.dataclass
+class Provider:
+    name: str
+    framework: str  # "torch" or "jax": how to time it
+    build: Callable  # (x, w, dy, offset, casting) -> {mode: zero-argument callable}
+
+
+def hf_formula(offset: float, casting: str) -> Callable:
+    """HF's module formula in eager torch: Gemma's for casting "gemma", else Llama's."""
+    def llama(x, w):
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+    def gemma(x, w):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * (offset + w.float())).type_as(x)
+
+    return gemma if casting == "gemma" else llama
+
+
+def torch_modes(fn: Callable, x, w, dy) -> dict[str, Callable]:
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    saved = fn(xr, wr)
+
+    def fwd():
+        with torch.no_grad():
+            return fn(x, w)
+
+    return {"fwd": fwd,
+            "bwd": lambda: torch.autograd.grad(saved, (xr, wr), dy, retain_graph=True),
+            "fwd+bwd": lambda: torch.autograd.grad(fn(xr, wr), (xr, wr), dy)}
+
+
+def jax_modes(f: Callable, x, w, dy) -> dict[str, Callable]:
+    xj, wj, dyj = (dlpack_route.to_jax(t, jax_device.jax_device_for(t)) for t in (x, w, dy))
+    fwd = jax.jit(f)
+    _, vjp = jax.vjp(f, xj, wj)
+    bwd = jax.jit(lambda vjp, c: vjp(c))
+    fwd_bwd = jax.jit(lambda a, b, c: jax.vjp(f, a, b)[1](c))
+    return {"fwd": lambda: fwd(xj, wj), "bwd": lambda: bwd(vjp, dyj), "fwd+bwd": lambda: fwd_bwd(xj, wj, dyj)}
+
+
+def _bridge(backend: str) -> Callable:
+    def build(x, w, dy, offset, casting):
+        return torch_modes(lambda a, b: torch_bridge.rms_norm(a, b, EPS, offset=offset, casting=casting,
+                                                              backend=backend), x, w, dy)
+    return build
+
+
+def _pallas_jax(x, w, dy, offset, casting):
+    return jax_modes(lambda a, b: pallas_norm.rms_norm(a, b, eps=EPS, offset=offset, casting=casting, impl="pallas"),
+                     x, w, dy)
+
+
+def _xla_formula(x, w, dy, offset, casting):
+    def f(a, b):  # the jnp formula a JAX user writes (HF's, as in hf_formula)
+        h = a.astype(jnp.float32)
+        n = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + EPS)
+        if casting == "gemma":
+            return (n * (offset + b.astype(jnp.float32))).astype(a.dtype)
+        return b * n.astype(a.dtype)
+    return jax_modes(f, x, w, dy)
+
+
+def _torch_native(x, w, dy, offset, casting):
+    n = x.shape[-1]
+    return torch_modes(lambda a, b: torch.nn.functional.rms_norm(a, (n,), b + offset if offset else b, EPS), x, w, dy)
+
+
+def _hf_eager(x, w, dy, offset, casting):
+    return torch_modes(hf_formula(offset, casting), x, w, dy)
+
+
+def _hf_compiled(x, w, dy, offset, casting):
+    torch._dynamo.reset()  # one specialised (static-shape) graph per shape, never a cache-limit fallback to eager
+    return torch_modes(torch.compile(hf_formula(offset, casting), dynamic=False), x, w, dy)
+
+
+def _liger(x, w, dy, offset, casting):
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    mode = {"llama": "llama", "gemma": "gemma", "none": "none"}[casting]
+    return torch_modes(lambda a, b: LigerRMSNormFunction.apply(a, b, EPS, offset, mode), x, w, dy)
+
+
+def _tokamax(x, w, dy, offset, casting):
+    import tokamax
+    return jax_modes(lambda a, b: tokamax.layer_norm(a, b + offset if offset else b, None, epsilon=EPS,
+                                                     subtract_mean=False), x, w, dy)
+
+
+def providers() -> list[Provider]:
+    """Ours first, then the peers that import here."""
+    out = [Provider("pallas (JAX)", "jax", _pallas_jax),
+           Provider("pallas bridge: launch", "torch", _bridge("pallas_launch")),
+           Provider("pallas bridge: DLPack", "torch", _bridge("pallas_dlpack")),
+           Provider("triton (ours)", "torch", _bridge("triton")),
+           Provider("torch F.rms_norm", "torch", _torch_native),
+           Provider("HF formula, eager", "torch", _hf_eager),
+           Provider("HF formula, torch.compile", "torch", _hf_compiled),
+           Provider("XLA (jit of jnp formula)", "jax", _xla_formula)]
+    if importlib.util.find_spec("liger_kernel") is not None:
+        out.append(Provider("Liger", "torch", _liger))
+    if importlib.util.find_spec("tokamax") is not None:
+        out.append(Provider("tokamax", "jax", _tokamax))
+    return out
+
+
+OURS = ("pallas (JAX)", "pallas bridge: launch", "pallas bridge: DLPack", "triton (ours)")

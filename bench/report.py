@@ -1,0 +1,174 @@
+"""Render a benchmark run (``bench.suite.run``'s dict) as a Markdown table, a CSV and a PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import pathlib
+
+TARGETS = {"fwd": 0.97, "bwd": 0.90}  # of the copy bandwidth, at M = 32768, N >= 1024 (issue 6)
+ENV_KEYS = ("gpu", "driver", "jax", "torch", "triton", "date", "dtype", "casting", "copy_tbps")
+CSV_KEYS = ("provider", "mode", "m", "n", "us", "tbps", "pct_copy", "peak_mb", "small", "error")
+
+
+def _pct(row: dict, copy: float) -> float | None:
+    """% of the copy bandwidth measured in the row's own run (``copy`` for rows that lack it)."""
+    if "tbps" not in row:
+        return None
+    return row.get("pct_copy", 100 * row["tbps"] / copy)
+
+
+def _cell(row: dict | None, copy: float) -> str:
+    if row is None:
+        return "–"
+    if "error" in row:
+        return "err"
+    return f"{row['tbps']:.2f} ({_pct(row, copy):.0f}%)"
+
+
+def _index(rows: list[dict]) -> dict:
+    return {(r["provider"], r["mode"], r["m"], r["n"], bool(r.get("small"))): r for r in rows}
+
+
+def markdown(result: dict) -> str:
+    env, rows = result["env"], result["rows"]
+    copy = env["copy_tbps"]
+    idx = _index(rows)
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    shapes = sorted({(r["m"], r["n"]) for r in rows if not r.get("small")})
+    out = [f"# RMSNorm benchmark: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
+           f"{env['date']} · driver {env['driver']} · jax {env['jax']} · torch {env['torch']} · triton "
+           f"{env['triton']} · copy bandwidth (torch `copy_`, read + write, this run): **{copy:.2f} TB/s**"
+           + (f" (runs merged; each row's % uses its own run's copy: {env['copy_note']} TB/s)" if "copy_note" in env
+              else ""), "",
+           "TB/s (% of copy). Bytes: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s. `err`: the provider failed there "
+           "(see the CSV).", ""]
+    out += targets(result) + [""]
+    for mode in ("fwd", "bwd", "fwd+bwd"):
+        out += [f"## {mode}", "", "| M×N | " + " | ".join(provs) + " | best peer |",
+                "|---|" + "---|" * (len(provs) + 1)]
+        for m, n in shapes:
+            cells = [_cell(idx.get((p, mode, m, n, False)), copy) for p in provs]
+            peer = best_peer(idx, provs, mode, m, n)
+            out.append(f"| {m}×{n} | " + " | ".join(cells) + f" | {peer[0] if peer else '–'} |")
+        out.append("")
+    small = [r for r in rows if r.get("small")]
+    if small:
+        ms = sorted({r["m"] for r in small})
+        out += ["## Small calls (N = 4096): host-bound µs per call (× torch F.rms_norm)", "",
+                "| provider | " + " | ".join(f"M={m} {mode}" for m in ms for mode in ("fwd", "fwd+bwd")) + " |",
+                "|---|" + "---|" * (2 * len(ms))]
+        for p in provs:
+            cells = []
+            for m in ms:
+                for mode in ("fwd", "fwd+bwd"):
+                    r, t = idx.get((p, mode, m, 4096, True)), idx.get(("torch F.rms_norm", mode, m, 4096, True))
+                    ok = r is not None and "us" in r
+                    ratio = f" ({r['us'] / t['us']:.1f}×)" if ok and t is not None and "us" in t else ""
+                    cells.append(f"{r['us']:.0f}{ratio}" if ok else "–")
+            out.append(f"| {p} | " + " | ".join(cells) + " |")
+        out.append("")
+    mem = [r for r in rows if "peak_mb" in r and r["mode"] == "fwd+bwd"]
+    if mem:
+        big = max((r["m"] * r["n"], r["m"], r["n"]) for r in mem)[1:]
+        out += [f"## Peak extra device memory of one fwd+bwd at {big[0]}×{big[1]} (MB)", "",
+                "| provider | MB |", "|---|---|"]
+        out += [f"| {r['provider']} | {r['peak_mb']:.0f} |" for r in mem if (r["m"], r["n"]) == big]
+    return "\n".join(out) + "\n"
+
+
+def best_peer(idx: dict, provs: list[str], mode: str, m: int, n: int) -> tuple[str, float] | None:
+    from bench.providers import OURS
+    peers = [(p, idx[(p, mode, m, n, False)]["tbps"]) for p in provs
+             if p not in OURS and "tbps" in idx.get((p, mode, m, n, False), {})]
+    return max(peers, key=lambda t: t[1]) if peers else None
+
+
+def targets(result: dict) -> list[str]:
+    """The issue's targets, each with its measured value and a ✓/✗, for Pallas in JAX (and the bridge)."""
+    env, rows = result["env"], result["rows"]
+    copy, idx = env["copy_tbps"], _index(rows)
+    big = sorted(r["n"] for r in rows if r["m"] == 32768 and r["provider"] == "pallas (JAX)" and r["mode"] == "fwd")
+    lines = ["## Targets (Pallas in JAX unless named)", "", "| target | measured | met |", "|---|---|---|"]
+    for mode, frac in TARGETS.items():
+        vals = [(n, idx[("pallas (JAX)", mode, 32768, n, False)]) for n in big]
+        vals = [(n, r["tbps"], _pct(r, copy)) for n, r in vals if "tbps" in r]
+        if vals:
+            worst = min(vals, key=lambda t: t[2])
+            lines.append(f"| {mode} ≥ {frac:.0%} of copy ({frac * copy:.2f} TB/s), every N at M=32768 | worst "
+                         f"{worst[1]:.2f} TB/s ({worst[2]:.0f}%) at N={worst[0]} | "
+                         f"{'✓' if worst[2] >= 100 * frac else '✗'} |")
+    shapes = sorted({(r["m"], r["n"]) for r in rows if not r.get("small")})
+    for mode in ("fwd", "bwd", "fwd+bwd"):
+        behind = []
+        for m, n in shapes:
+            ours, peer = idx.get(("pallas (JAX)", mode, m, n, False), {}), best_peer(idx, [r["provider"] for r in rows],
+                                                                                   mode, m, n)
+            if "tbps" in ours and peer and ours["tbps"] < peer[1]:
+                behind.append(f"{m}×{n} ({peer[0]} {peer[1]:.2f} vs {ours['tbps']:.2f})")
+        lines.append(f"| {mode}: ahead of the best peer at every shape | behind at {len(behind)}/{len(shapes)}"
+                     f"{': ' + '; '.join(behind[:4]) + ('…' if len(behind) > 4 else '') if behind else ''} | "
+                     f"{'✗' if behind else '✓'} |")
+    ratios = [idx[("pallas (JAX)", mode, m, n, False)]["tbps"] / idx[("XLA (jit of jnp formula)", mode, m, n, False)]
+              ["tbps"] for m, n in shapes for mode in ("fwd", "bwd", "fwd+bwd")
+              if "tbps" in idx.get(("pallas (JAX)", mode, m, n, False), {})
+              and "tbps" in idx.get(("XLA (jit of jnp formula)", mode, m, n, False), {})]
+    if ratios:
+        lines.append(f"| Pallas ≥ 2× XLA (jnp formula), every shape and mode | {min(ratios):.2f}× – "
+                     f"{max(ratios):.2f}× | {'✓' if min(ratios) >= 2 else '✗'} |")
+    small = [(r, idx.get(("torch F.rms_norm", r["mode"], r["m"], r["n"], True))) for r in rows
+             if r.get("small") and r["provider"] == "pallas bridge: launch" and "us" in r]
+    small = [r["us"] / t["us"] for r, t in small if t is not None and "us" in t]
+    if small:
+        lines.append(f"| bridge (launch) small call ≤ 2× torch native latency | {min(small):.1f}× – "
+                     f"{max(small):.1f}× | {'✓' if max(small) <= 2 else '✗'} |")
+    return lines
+
+
+def csv_text(result: dict) -> str:
+    env, copy = result["env"], result["env"]["copy_tbps"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ENV_KEYS + CSV_KEYS, extrasaction="ignore")
+    writer.writeheader()
+    for r in result["rows"]:
+        writer.writerow({**env, **r, "pct_copy": _pct(r, copy)})
+    return buf.getvalue()
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    """TB/s against N per provider, one panel per mode and M, the copy bandwidth as a dashed line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    env, rows = result["env"], [r for r in result["rows"] if "tbps" in r and not r.get("small")]
+    ms = sorted({r["m"] for r in rows if r["n"] != 262144} or {r["m"] for r in rows})
+    fig, axes = plt.subplots(len(ms), 3, figsize=(16, 4.5 * len(ms)), squeeze=False, sharey=True)
+    for i, m in enumerate(ms):
+        for j, mode in enumerate(("fwd", "bwd", "fwd+bwd")):
+            ax = axes[i][j]
+            for p in dict.fromkeys(r["provider"] for r in rows):
+                pts = sorted((r["n"], r["tbps"]) for r in rows if r["provider"] == p and r["mode"] == mode
+                             and (r["m"] == m or (r["n"] == 262144 and i == len(ms) - 1)))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", lw=2.2 if "pallas" in p or "ours" in p else 1.2, label=p)
+            ax.axhline(env["copy_tbps"], color="k", ls="--", lw=1, label=f"copy {env['copy_tbps']:.2f} TB/s")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{mode}, M={m}" + (" (+ 1024×262144)" if i == len(ms) - 1 else ""))
+            ax.set_xlabel("N (hidden size)")
+            ax.set_ylabel("TB/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"RMSNorm on {env['gpu']}, {env['dtype']}, casting={env['casting']} ({env['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, out_dir: pathlib.Path, stem: str) -> list[pathlib.Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.csv", out_dir / f"{stem}.png"]
+    paths[0].write_text(markdown(result))
+    paths[1].write_text(csv_text(result))
+    plot(result, paths[2])
+    return paths
