@@ -1,9 +1,11 @@
 """Measure every provider at every shape and mode, the copy ceiling, peak memory and small-call latency.
 
 Timing (the device library's METHOD.md): torch providers by ``triton.testing.do_bench`` (CUDA events, warm-up,
-median); JAX providers by a pipelined loop of jitted calls ending in ``block_until_ready``, after warm-up, median
-of repeats. Every tensor here is far larger than the 50 MB L2 except the small-call shapes, whose time is host
-bound (they are timed as back-to-back call loops, one sync at the end, like a training loop sees them).
+median, L2 flushed between calls; an eager provider whose host work outlasts its kernel is timed as host bound,
+as eager torch runs it); JAX providers by a pipelined loop of jitted calls ending in ``block_until_ready``, after
+warm-up, median of repeats, each call running the op on up to 8 rotated input sets (``providers.jax_modes``).
+Small-call latency (torch providers only): back-to-back call loops, one sync at the end, as a training loop
+sees them.
 Bytes: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s.
 """
 
@@ -41,7 +43,7 @@ def time_jax(fn, iters: int = 10, repeats: int = 5) -> float:
             out = fn()
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
+    return statistics.median(samples) / getattr(fn, "reps", 1)
 
 
 def time_torch(fn) -> float:
@@ -146,14 +148,15 @@ def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None) -> di
     copy = copy_tbps()
     rows = []
     with Progress() as bar:
-        task = bar.add_task("bench", total=len(shapes) * len(provs) + (len(SMALL_MS) * len(provs) if small else 0))
+        n_torch = sum(p.framework == "torch" for p in provs)
+        task = bar.add_task("bench", total=len(shapes) * len(provs) + (len(SMALL_MS) * n_torch if small else 0))
         for (m, n), p in itertools.product(shapes, provs):
             bar.update(task, description=f"{p.name} {m}x{n}")
             rows += measure_shape(p, m, n, dt, casting, offset, copy)
             bar.advance(task)
             if on_row:
                 on_row(dict(env=environment(dtype, casting, copy), rows=rows))
-        for m, p in itertools.product(SMALL_MS if small else (), provs):
+        for m, p in itertools.product(SMALL_MS if small else (), [p for p in provs if p.framework == "torch"]):
             bar.update(task, description=f"small call {p.name} M={m}")
             rows += measure_small(p, m, dt, casting, offset)
             bar.advance(task)
