@@ -29,7 +29,6 @@ class Provider:
     name: str
     framework: str  # "torch" or "jax": how to time it
     build: Callable  # (x, w, dy, offset, casting) -> {mode: zero-argument callable}
-    graph: bool = True  # torch providers: timed as CUDA-graph replays (not the DLPack bridge: JAX's stream)
 
 
 def hf_formula(offset: float, casting: str) -> Callable:
@@ -133,7 +132,7 @@ def providers() -> list[Provider]:
     """Ours first, then the peers that import here."""
     out = [Provider("pallas (JAX)", "jax", _pallas_jax),
            Provider("pallas bridge: launch", "torch", _bridge("pallas_launch")),
-           Provider("pallas bridge: DLPack", "torch", _bridge("pallas_dlpack"), graph=False),
+           Provider("pallas bridge: DLPack", "torch", _bridge("pallas_dlpack")),
            Provider("triton (ours)", "torch", _bridge("triton")),
            Provider("torch F.rms_norm", "torch", _torch_native),
            Provider("HF formula, eager", "torch", _hf_eager),

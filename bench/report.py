@@ -8,7 +8,7 @@ import pathlib
 
 TARGETS = {"fwd": 0.97, "bwd": 0.90}  # of the copy bandwidth, at M = 32768, N >= 1024 (issue 6)
 ENV_KEYS = ("gpu", "driver", "jax", "torch", "triton", "date", "dtype", "casting", "copy_tbps")
-CSV_KEYS = ("provider", "mode", "m", "n", "us", "tbps", "pct_copy", "peak_mb", "timing", "small", "error")
+CSV_KEYS = ("provider", "mode", "m", "n", "us", "tbps", "pct_copy", "peak_mb", "small", "error")
 
 
 def _pct(row: dict, copy: float) -> float | None:

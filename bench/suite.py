@@ -1,8 +1,8 @@
 """Measure every provider at every shape and mode, the copy ceiling, peak memory and small-call latency.
 
-Timing (the device library's METHOD.md): torch providers as CUDA-graph replays (``do_bench_cudagraph``, median:
-kernel time without host launch gaps, which this slow host would otherwise add), or where a provider cannot be
-captured (the DLPack bridge) by ``do_bench`` (CUDA events, warm-up, median; host gaps included); JAX providers by a pipelined loop of jitted calls ending in ``block_until_ready``, after
+Timing (the device library's METHOD.md): torch providers by ``triton.testing.do_bench`` (CUDA events, warm-up,
+median, L2 flushed between calls; an eager provider whose host work outlasts its kernel is timed as host bound,
+as eager torch runs it); JAX providers by a pipelined loop of jitted calls ending in ``block_until_ready``, after
 warm-up, median of repeats, each call running the op on up to 8 rotated input sets (``providers.jax_modes``).
 Small-call latency (torch providers only): back-to-back call loops, one sync at the end, as a training loop
 sees them.
@@ -21,7 +21,7 @@ import jax
 import torch
 import triton
 from rich.progress import Progress
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
 
 from bench.providers import MODES, Provider, providers
 
@@ -46,15 +46,8 @@ def time_jax(fn, iters: int = 10, repeats: int = 5) -> float:
     return statistics.median(samples) / getattr(fn, "reps", 1)
 
 
-def time_torch(fn, graph: bool) -> tuple[float, str]:
-    """Seconds per call and how it was timed: CUDA-graph replays (kernel time, no host launch gaps) when the
-    provider can be captured, else CUDA events around each eager call (host gaps included)."""
-    if graph:
-        try:
-            return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e-3, "graph"
-        except Exception:  # not capturable: fall back to eager timing
-            torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3, "events"
+def time_torch(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
 
 
 def per_call(fn, sync, calls: int = 300, repeats: int = 5) -> float:
@@ -76,7 +69,7 @@ def copy_tbps(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written (torch ``copy_``, do_bench median)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    tbps = 2 * nbytes / time_torch(lambda: dst.copy_(src), graph=False)[0] / 1e12
+    tbps = 2 * nbytes / time_torch(lambda: dst.copy_(src)) / 1e12
     del src, dst
     torch.cuda.empty_cache()
     return tbps
@@ -110,12 +103,13 @@ def measure_shape(p: Provider, m: int, n: int, dtype: torch.dtype, casting: str,
     rows = []
     try:
         fns = p.build(x, w, dy, offset, casting)
+        timer = time_jax if p.framework == "jax" else time_torch
         mem = peak_mb(p, fns["fwd+bwd"])
         for mode in MODES:
-            sec, how = (time_jax(fns[mode]), "jit loop") if p.framework == "jax" else time_torch(fns[mode], p.graph)
+            sec = timer(fns[mode])
             tbps = BYTES_PER_ELEM[mode] * m * n * x.element_size() / sec / 1e12
             rows.append(dict(provider=p.name, mode=mode, m=m, n=n, us=sec * 1e6, tbps=tbps,
-                             pct_copy=100 * tbps / copy, peak_mb=mem, timing=how))
+                             pct_copy=100 * tbps / copy, peak_mb=mem))
     except Exception as exc:  # OOM or a peer that cannot run this shape: recorded, never fatal
         rows = [dict(provider=p.name, mode=mode, m=m, n=n, error=f"{type(exc).__name__}: {str(exc)[:120]}")
                 for mode in MODES]
