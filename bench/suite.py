@@ -23,6 +23,7 @@ import triton
 from rich.progress import Progress
 from triton.testing import do_bench
 
+from bench.bridge_bench import per_call
 from bench.providers import MODES, Provider, providers
 
 NS = (1024, 2048, 2304, 3584, 4096, 5120, 8192, 16384, 65536)
@@ -48,21 +49,6 @@ def time_jax(fn, iters: int = 10, repeats: int = 5) -> float:
 
 def time_torch(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
-
-
-def per_call(fn, sync, calls: int = 300, repeats: int = 5) -> float:
-    """Host-bound seconds per call: back-to-back loops of ``calls`` calls, one sync each, median."""
-    for _ in range(20):
-        out = fn()
-    sync(out)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn()
-        sync(out)
-        samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
 
 
 def copy_tbps(nbytes: int = 2 << 30) -> float:
@@ -124,7 +110,7 @@ def measure_small(p: Provider, m: int, dtype: torch.dtype, casting: str, offset:
     sync = jax.block_until_ready if p.framework == "jax" else (lambda _: torch.cuda.synchronize())
     try:
         fns = p.build(x, w, dy, offset, casting)
-        return [dict(provider=p.name, mode=mode, m=m, n=4096, us=per_call(fns[mode], sync) * 1e6, small=True)
+        return [dict(provider=p.name, mode=mode, m=m, n=4096, us=per_call(fns[mode], sync, 300) * 1e6, small=True)
                 for mode in ("fwd", "fwd+bwd")]
     except Exception as exc:
         return [dict(provider=p.name, mode=mode, m=m, n=4096, small=True, error=f"{type(exc).__name__}: {exc}")
