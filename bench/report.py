@@ -6,6 +6,8 @@ import csv
 import io
 import pathlib
 
+from bench.providers import OURS
+
 TARGETS = {"fwd": 0.97, "bwd": 0.90}  # of the copy bandwidth, at M = 32768, N >= 1024 (issue 6)
 ENV_KEYS = ("gpu", "driver", "jax", "torch", "triton", "date", "dtype", "casting", "copy_tbps")
 CSV_KEYS = ("provider", "mode", "m", "n", "us", "tbps", "pct_copy", "peak_mb", "small", "error")
@@ -78,7 +80,6 @@ def markdown(result: dict) -> str:
 
 
 def best_peer(idx: dict, provs: list[str], mode: str, m: int, n: int) -> tuple[str, float] | None:
-    from bench.providers import OURS
     peers = [(p, idx[(p, mode, m, n, False)]["tbps"]) for p in provs
              if p not in OURS and "tbps" in idx.get((p, mode, m, n, False), {})]
     return max(peers, key=lambda t: t[1]) if peers else None
@@ -99,11 +100,11 @@ def targets(result: dict) -> list[str]:
                          f"{worst[1]:.2f} TB/s ({worst[2]:.0f}%) at N={worst[0]} | "
                          f"{'✓' if worst[2] >= 100 * frac else '✗'} |")
     shapes = sorted({(r["m"], r["n"]) for r in rows if not r.get("small")})
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
     for mode in ("fwd", "bwd", "fwd+bwd"):
         behind = []
         for m, n in shapes:
-            ours, peer = idx.get(("pallas (JAX)", mode, m, n, False), {}), best_peer(idx, [r["provider"] for r in rows],
-                                                                                   mode, m, n)
+            ours, peer = idx.get(("pallas (JAX)", mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
             if "tbps" in ours and peer and ours["tbps"] < peer[1]:
                 behind.append(f"{m}×{n} ({peer[0]} {peer[1]:.2f} vs {ours['tbps']:.2f})")
         lines.append(f"| {mode}: ahead of the best peer at every shape | behind at {len(behind)}/{len(shapes)}"

@@ -39,6 +39,14 @@ def swap_norms(model: torch.nn.Module, cls_name: str, factory) -> None:
             setattr(model.get_submodule(parent), name, factory(module))
 
 
+def install_norms(model: torch.nn.Module, variant: str, hf_cls_name: str, broken: str, broken_factory) -> list[str]:
+    """``variant``: "hf" (leave the model), ``broken`` (the test-only broken norm), else a backend to patch in."""
+    if variant == broken:
+        swap_norms(model, hf_cls_name, broken_factory)
+        return []
+    return [] if variant == "hf" else patch_hf_model(model, backend=variant)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b|."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
@@ -74,10 +82,9 @@ class _InPlaceGemmaNorm(torch.nn.Module):
 def train_gemma2(variant: str, steps: int = 3) -> list[tuple]:
     """(loss, logits, {name: grad}) at each of ``steps`` SGD steps of a 2-layer Gemma2 from a fixed seed."""
     model = tiny_model("gemma2", hidden=SIZE["hidden"], device=DEVICE)
-    if variant == "in_place_dy":
-        swap_norms(model, "Gemma2RMSNorm", _InPlaceGemmaNorm)
-    elif variant != "hf":
-        assert len(patch_hf_model(model, backend=variant)) == 9  # 4 per layer + the final norm
+    patched = install_norms(model, variant, "Gemma2RMSNorm", "in_place_dy", _InPlaceGemmaNorm)
+    if variant in BACKENDS:
+        assert len(patched) == 9  # 4 per layer + the final norm
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ids = tokens(SIZE["batch"], SIZE["length"], device=DEVICE)
     history = []
@@ -138,10 +145,7 @@ def qwen2_grads(variant: str, dtype: torch.dtype, reentrant: bool | None) -> dic
     model.train()
     if reentrant is not None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    if variant == "detached_weight":
-        swap_norms(model, "Qwen2RMSNorm", _DetachedWeightNorm)
-    elif variant != "hf":
-        patch_hf_model(model, backend=variant)
+    install_norms(model, variant, "Qwen2RMSNorm", "detached_weight", _DetachedWeightNorm)
     ids = tokens(SIZE["batch"], SIZE["length"], device=DEVICE)
     model(input_ids=ids, labels=ids).loss.backward()
     return {k: p.grad for k, p in model.named_parameters()}
@@ -194,10 +198,7 @@ class _WeightRoundedNorm(_SwappedNorm):
 def layer_grad_norms(depth: int, variant: str) -> torch.Tensor:
     """Gradient norm of each decoder layer's parameters after one backward of a float32 Llama of ``depth``."""
     model = tiny_model("llama", layers=depth, hidden=SIZE["hidden"], device=DEVICE)
-    if variant == "weight_rounded":
-        swap_norms(model, "LlamaRMSNorm", _WeightRoundedNorm)
-    elif variant != "hf":
-        patch_hf_model(model, backend=variant)
+    install_norms(model, variant, "LlamaRMSNorm", "weight_rounded", _WeightRoundedNorm)
     ids = tokens(SIZE["batch"], SIZE["length"], device=DEVICE)
     model(input_ids=ids, labels=ids).loss.backward()
     return torch.stack([torch.cat([p.grad.flatten() for p in layer.parameters()]).double().norm()

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from test_triton import DEVICE
-from torch_bridge import parity, rms_norm_ref, rms_norm_ref_backward
+from torch_bridge import parity
+from torch_bridge.reference import rms_norm_ref_outputs
 from torch_bridge.tolerance import accuracy_failure, term_scales
 
 N = 4096 if DEVICE == "cuda" else 256
@@ -54,9 +55,8 @@ def nan_safety_failures(impl: parity.Impl, dtype: torch.dtype, casting: str) -> 
     x, w, dy = rows(dtype, with_nan=False)
     clean = impl(x, w, dy, case)
     kw = dict(eps=case.eps, offset=offset, casting=casting)
-    ref = (rms_norm_ref(x, w, **kw), *rms_norm_ref_backward(dy, x, w, **kw))
-    naive = (rms_norm_ref(x, w, compute_dtype=torch.float32, **kw),
-             *rms_norm_ref_backward(dy, x, w, compute_dtype=torch.float32, **kw))
+    ref = rms_norm_ref_outputs(x, w, dy, **kw)
+    naive = rms_norm_ref_outputs(x, w, dy, compute_dtype=torch.float32, **kw)
     failures = [accuracy_failure(name, o, nv, r, k, s) for name, o, nv, r, k, s in
                 zip(parity.OUTPUTS, clean, naive, ref, (N, N, 6), term_scales(x, w, dy, offset, case.eps))]
     xn, _, _ = rows(dtype, with_nan=True)

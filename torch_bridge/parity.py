@@ -39,7 +39,7 @@ import torch
 
 import pallas_norm
 from torch_bridge.ops import rms_norm
-from torch_bridge.reference import rms_norm_ref, rms_norm_ref_backward
+from torch_bridge.reference import rms_norm_ref_outputs
 from torch_bridge.tolerance import accuracy_bound, atol_for, max_abs_err, rounding_point_failure, term_scales
 
 OUTPUTS = ("y", "dx", "dweight")
@@ -193,9 +193,8 @@ def run_case(case: Case, device: str = "cpu", impls: dict[str, Impl] | None = No
         impls.setdefault("hf", hf_impl)
     x, w, dy = make_inputs(case.shape, case.torch_dtype, case.offset, seed=case.seed, device=device)
     kw = dict(eps=case.eps, offset=case.offset, casting=case.casting)
-    ref = (rms_norm_ref(x, w, **kw), *rms_norm_ref_backward(dy, x, w, **kw))
-    naive = (rms_norm_ref(x, w, compute_dtype=torch.float32, **kw),
-             *rms_norm_ref_backward(dy, x, w, compute_dtype=torch.float32, **kw))
+    ref = rms_norm_ref_outputs(x, w, dy, **kw)
+    naive = rms_norm_ref_outputs(x, w, dy, compute_dtype=torch.float32, **kw)
     n, m = case.shape[-1], x.numel() // case.shape[-1]
     reduce, scales = (n, n, m), term_scales(x, w, dy, case.offset, case.eps)
     bounds = {o: accuracy_bound(nv, r, k, s) for o, nv, r, k, s in zip(OUTPUTS, naive, ref, reduce, scales)}

@@ -111,3 +111,11 @@ def rms_norm_ref_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
         return dx, None
     dweight = (dy32 * _normalize(x32, rstd, casting, r)).reshape(-1, x.shape[-1]).sum(0)
     return dx, (dweight.to(weight.dtype) if keep else dweight)
+
+
+def rms_norm_ref_outputs(x: torch.Tensor, weight: torch.Tensor | None, dy: torch.Tensor, eps: float = 1e-6, *,
+                         offset: float = 0.0, casting: str = "llama", compute_dtype: torch.dtype = torch.float64
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(y, dx, dweight)`` by the forward and the specified backward above, in one call."""
+    kw = dict(offset=offset, casting=casting, compute_dtype=compute_dtype)
+    return (rms_norm_ref(x, weight, eps, **kw), *rms_norm_ref_backward(dy, x, weight, eps, **kw))
