@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from hf_models import tiny_model, tokens
+from torch_bridge.tiny_models import tiny_model, tokens
 from test_triton import DEVICE
 from torch_bridge import patch_hf_model, rms_norm, rms_norm_ref_backward
 

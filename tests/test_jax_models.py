@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 import pallas_norm as pn
+from pallas_norm.tiny_lm import TinyDecoder
 
 ON_GPU = jax.default_backend() == "gpu"
 KERNEL = "pallas" if ON_GPU else "interpret"
@@ -104,44 +105,11 @@ def test_checkpoint_check_catches_a_lost_weight_gradient(bf16_reference_grads):
 
 # --- Flax NNX decoder with Gemma2's four norms --------------------------------------------------------------------
 
-class Gemma2Block(nnx.Module):
-    """Gemma2's sandwich: ``h + post_attn(attn(input(h)))``, then ``h + post_ff(mlp(pre_ff(h)))``."""
-
-    def __init__(self, d: int, norm, rngs: nnx.Rngs, heads: int = 4):
-        self.input_norm, self.post_attn_norm, self.pre_ff_norm, self.post_ff_norm = (norm(d) for _ in range(4))
-        self.qkv, self.out = nnx.Linear(d, 3 * d, rngs=rngs), nnx.Linear(d, d, rngs=rngs)
-        self.up, self.down = nnx.Linear(d, 2 * d, rngs=rngs), nnx.Linear(2 * d, d, rngs=rngs)
-        self.heads = heads
-
-    def attention(self, h: jax.Array) -> jax.Array:
-        b, t, d = h.shape
-        q, k, v = (a.reshape(b, t, self.heads, d // self.heads) for a in jnp.split(self.qkv(h), 3, axis=-1))
-        scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(d // self.heads)
-        scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e30)
-        return self.out(jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v).reshape(b, t, d))
-
-    def __call__(self, h: jax.Array) -> jax.Array:
-        h = h + self.post_attn_norm(self.attention(self.input_norm(h)))
-        return h + self.post_ff_norm(self.down(jax.nn.gelu(self.up(self.pre_ff_norm(h)))))
-
-
-class TinyGemma2(nnx.Module):
-    def __init__(self, norm, rngs: nnx.Rngs, layers: int = 2):
-        self.embed = nnx.Embed(SIZE["vocab"], SIZE["d"], rngs=rngs)
-        self.blocks = nnx.List([Gemma2Block(SIZE["d"], norm, rngs) for _ in range(layers)])
-        self.final_norm = norm(SIZE["d"])
-
-    def __call__(self, ids: jax.Array) -> jax.Array:
-        h = self.embed(ids)
-        for block in self.blocks:
-            h = block(h)
-        return self.embed.attend(self.final_norm(h))
-
-
 def train_gemma2(impl: str, offset: float = 1.0, steps: int = 2):
     """Losses and final parameters of ``steps`` SGD steps (fixed seeds; norm scales perturbed around zero)."""
     rngs = nnx.Rngs(0)
-    model = TinyGemma2(lambda d: pn.nnx.RMSNorm(d, offset=offset, casting="gemma", impl=impl, rngs=rngs), rngs)
+    model = TinyDecoder(lambda d: pn.nnx.RMSNorm(d, offset=offset, casting="gemma", impl=impl, rngs=rngs), rngs,
+                        d=SIZE["d"], vocab=SIZE["vocab"])
     for i, (_, norm) in enumerate(nnx.iter_modules(model)):
         if isinstance(norm, pn.nnx.RMSNorm):
             norm.scale[...] = 0.1 * jax.random.normal(jax.random.key(100 + i), norm.scale.shape)

@@ -1,4 +1,5 @@
-"""Tiny random-initialised Hugging Face causal LMs (no downloads) for the model-level tests."""
+"""Tiny random-initialised Hugging Face causal LMs (no downloads): the model-level tests and ``pallas-norm train``
+run on these (needs the ``hf`` extra)."""
 
 from __future__ import annotations
 
@@ -35,5 +36,6 @@ def tiny_model(family: str, *, layers: int = 2, hidden: int = 64, vocab: int = 1
 
 
 def tokens(batch: int = 2, length: int = 16, vocab: int = 128, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    """Random token ids in ``[3, vocab)`` (above the special ids), shape ``(batch, length)``."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (batch, length), generator=g).to(device)

@@ -1,0 +1,103 @@
+"""The ``pallas-norm`` command line (also ``python -m pallas_norm``).
+
+    pallas-norm check  [--quick] [--device auto|cpu|cuda] [--json FILE]     # the parity matrix, both stacks
+    pallas-norm bench  [python -m bench's options]                          # the benchmark suite (GPU)
+    pallas-norm train  [--model llama|gemma2|qwen2] [--layers 2,4,8,16] [--steps N] [--dtype bf16]
+                       [--framework torch|jax] [--out DIR]                  # patched vs unpatched training
+
+``check`` and ``train`` need the ``torch``/``hf`` extras (``train --framework jax`` the ``flax`` extra); ``bench``
+needs a CUDA GPU and a source checkout (``bench/`` is not part of the wheel). Exit codes: 0 ok, 1 a check failed
+(or training hit a NaN/Inf), 2 usage errors (no GPU for ``bench``, unknown names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import sys
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
+          "float32": "float32"}
+MODELS = ("llama", "gemma2", "qwen2")
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        layers = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layers must be comma-separated positive ints, got {text!r}") from None
+    if not layers or min(layers) < 1:
+        raise argparse.ArgumentTypeError(f"--layers must be comma-separated positive ints, got {text!r}")
+    return layers
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return int(text)
+
+
+def console():
+    """A rich Console; 160 columns wide when writing to a file or pipe, so tables do not wrap in logs."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pallas-norm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{check,bench,train}")
+    c = sub.add_parser("check", help="parity matrix: every implementation vs the float64 reference, and each other")
+    c.add_argument("--quick", action="store_true", help="one shape per device instead of three")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU if torch sees one, else CPU through the interpreters")
+    c.add_argument("--json", metavar="FILE", help="also write every case's errors, bounds and failures as JSON")
+    sub.add_parser("bench", help="the benchmark suite (GPU): table, CSV and PNG; see `pallas-norm bench -h`",
+                   add_help=False)
+    t = sub.add_parser("train", help="tiny models trained with and without the kernel; loss/grad-norm CSV and PNG")
+    t.add_argument("--model", choices=MODELS, default="gemma2")
+    t.add_argument("--layers", type=_layers, default=[2, 4, 8, 16], help="model depths, comma-separated")
+    t.add_argument("--steps", type=_positive, default=None, help="optimizer steps (default 20 on CPU, 50 on GPU)")
+    t.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    t.add_argument("--framework", choices=("torch", "jax"), default="torch",
+                   help="torch: HF model, patch_hf_model vs unpatched; jax: Flax model, Pallas vs reference norm")
+    t.add_argument("--backend", choices=("pallas", "pallas_launch", "triton"), default="pallas",
+                   help="torch_bridge backend of the patched model (--framework torch)")
+    t.add_argument("--hidden", type=_positive, default=None, help="hidden size (default 64 on CPU, 512 on GPU)")
+    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", default="train_out", help="directory for train_<model>_<framework>.{csv,png,json}")
+    return p
+
+
+def _bench(argv: list[str]) -> int:
+    """Run ``python -m bench`` from the source checkout this package lives in."""
+    import torch
+
+    if not {"-h", "--help"} & set(argv) and not torch.cuda.is_available():
+        print("pallas-norm bench: no CUDA GPU here (torch.cuda.is_available() is False); the benchmark only "
+              "measures on a GPU.", file=sys.stderr)
+        return 2
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / "bench" / "suite.py").is_file():
+        print(f"pallas-norm bench: needs a source checkout (bench/ is not in the wheel); not found under {root}",
+              file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("bench.__main__").main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    args = parser().parse_args(argv)
+    if args.command == "check":
+        from pallas_norm.cli import check
+        return check.main(device=args.device, quick=args.quick, json_path=args.json)
+    from pallas_norm.cli import train
+    return train.main(args)
