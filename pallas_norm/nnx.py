@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .api import resolve_impl, rms_norm
+from .checks import DTYPES
 from .semantics import check_scalars
 
 
@@ -33,6 +34,8 @@ class RMSNorm(nnx.Module):
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"num_features must be a positive int, got {num_features!r}")
         self.eps, self.offset, self.casting = check_scalars(eps, offset, casting, has_weight=use_scale)
+        if jnp.dtype(param_dtype) not in DTYPES:
+            raise TypeError(f"param_dtype must be float32, bfloat16 or float16, got {jnp.dtype(param_dtype)}")
         if impl is not None:
             resolve_impl(impl)
         self.impl = impl
@@ -41,5 +44,8 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(init((num_features,), param_dtype)) if use_scale else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        if getattr(x, "shape", (None,))[-1:] != (self.num_features,):
+            raise ValueError(f"x's last axis must be num_features={self.num_features}, got shape "
+                             f"{tuple(getattr(x, 'shape', ()))}")
         scale = None if self.scale is None else self.scale[...]
         return rms_norm(x, scale, eps=self.eps, offset=self.offset, casting=self.casting, impl=self.impl)

@@ -232,22 +232,7 @@ def test_module_is_a_torch_rmsnorm_and_says_its_mode():
     assert torch.equal(m.to(DEVICE)(x), rms_norm(x, m.weight, 1e-5, offset=1.0, casting="gemma"))
 
 
-@pytest.mark.parametrize("kwargs,match", [(dict(normalized_shape=(4, 8)), "normalized_shape"),
-                                          (dict(normalized_shape=0), "normalized_shape"),
-                                          (dict(backend="jax"), "backend"),
-                                          (dict(elementwise_affine=False, offset=1.0), "offset")])
-def test_module_bad_arguments(kwargs, match):
-    args = dict(normalized_shape=8)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        RMSNorm(args.pop("normalized_shape"), **args)
-
-
-def test_bad_inputs_for_the_pallas_backend():
-    with pytest.raises(TypeError, match="float64"):
-        rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64))
-    with pytest.raises(ValueError, match="CPU or CUDA"):
-        rms_norm(torch.ones(2, 8, device="meta"), None)
+def test_bad_routes_for_the_pallas_backend():  # the public entry points' errors: test_error_inputs.py
     with pytest.raises(ValueError, match="route must be one of"):
         torch.ops.pallas_norm.pallas_rms_norm_fwd(torch.ones(2, 8), None, 1e-6, 0.0, "llama", "jax")
     if not HAS_CUDA:

@@ -107,6 +107,8 @@ def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: b
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
     patched, unknown = [], set()
     for path, module in list(model.named_modules()):
         cls = type(module)

@@ -26,6 +26,8 @@ class RMSNorm(torch.nn.RMSNorm):
         eps, offset, casting = check_scalars(eps, offset, casting, has_weight=elementwise_affine)
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
         self.offset, self.casting, self.backend = offset, casting, backend
         super().__init__(shape, eps, elementwise_affine, device=device, dtype=dtype)
 
@@ -35,6 +37,9 @@ class RMSNorm(torch.nn.RMSNorm):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and x.shape[-1:] != self.normalized_shape:
+            raise ValueError(f"x's last dimension must be normalized_shape[0]={self.normalized_shape[0]}, got shape "
+                             f"{tuple(x.shape)}")
         return rms_norm(x, self.weight, self.eps, offset=self.offset, casting=self.casting, backend=self.backend)
 
     def extra_repr(self) -> str:

@@ -15,7 +15,8 @@ _ROUTES = {"pallas": "dlpack", "pallas_dlpack": "dlpack", "pallas_launch": "laun
 def check_tensors(x: object, weight: object) -> None:
     """Raise TypeError/ValueError naming the argument when x or weight is unusable."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        hint = "; for JAX arrays use pallas_norm.rms_norm" if type(x).__module__.startswith("jax") else ""
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}{hint}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x must have a floating dtype in {FLOAT_DTYPES}, got {x.dtype}")
     if x.dim() == 0:
@@ -25,7 +26,7 @@ def check_tensors(x: object, weight: object) -> None:
     if weight is None:
         return
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__module__}.{type(weight).__name__}")
     if weight.dtype not in FLOAT_DTYPES:
         raise TypeError(f"weight must have a floating dtype in {FLOAT_DTYPES}, got {weight.dtype}")
     if tuple(weight.shape) != (x.shape[-1],):

@@ -56,17 +56,20 @@ Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "Case"], Outputs]
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One row of the matrix: ``y = rms_norm(x, weight, eps, offset=offset, casting=casting)`` of ``shape``."""
+    """One row of the matrix: ``y = rms_norm(x, weight, eps, offset=offset, casting=casting)`` of ``shape``, with
+    ``x`` of magnitude about ``scale``."""
 
     casting: str
     offset: float
     dtype: str
     shape: tuple[int, ...]
     eps: float = 1e-6
+    scale: float = 1.0
 
     @property
     def name(self) -> str:
-        return f"{self.casting}/offset={self.offset:g}/{self.dtype}/{'x'.join(map(str, self.shape))}"
+        extra = "".join(f"/{k}={v:g}" for k, v, d in (("eps", self.eps, 1e-6), ("scale", self.scale, 1.0)) if v != d)
+        return f"{self.casting}/offset={self.offset:g}/{self.dtype}/{'x'.join(map(str, self.shape))}{extra}"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -83,13 +86,13 @@ def cases(device: str = "cpu", quick: bool = False) -> list[Case]:
     return [Case(c, o, d, s) for c, o, d, s in itertools.product(pallas_norm.CASTINGS, (0.0, 1.0), DTYPES, shapes)]
 
 
-def make_inputs(shape, dtype, offset, weight_dtype=None, seed=0, device="cpu"):
-    """``x`` with row scales spread over ~e^{±2}, a non-trivial weight around its init (ones; zeros for offset
-    1), a random cotangent ``dy``."""
+def make_inputs(shape, dtype, offset, weight_dtype=None, seed=0, device="cpu", scale=1.0):
+    """``x`` of magnitude ``scale`` with row scales spread over ~e^{±2}, a non-trivial weight around its init
+    (ones; zeros for offset 1), a random cotangent ``dy``."""
     g = torch.Generator(device=device).manual_seed(seed)
     f = dict(generator=g, dtype=torch.float32, device=device)
     n = shape[-1]
-    x = torch.randn(shape, **f) * torch.exp(torch.randn(*shape[:-1], 1, **f))
+    x = scale * torch.randn(shape, **f) * torch.exp(torch.randn(*shape[:-1], 1, **f))
     base = 0.0 if offset else 1.0
     w = base + (0.1 if offset else 0.3) * torch.randn(n, **f)
     dy = torch.randn(shape, **f)
@@ -191,7 +194,7 @@ def run_case(case: Case, device: str = "cpu", impls: dict[str, Impl] | None = No
     impls = dict(implementations(device) if impls is None else impls)
     if hf_module_class(case) is not None:
         impls.setdefault("hf", hf_impl)
-    x, w, dy = make_inputs(case.shape, case.torch_dtype, case.offset, seed=case.seed, device=device)
+    x, w, dy = make_inputs(case.shape, case.torch_dtype, case.offset, seed=case.seed, device=device, scale=case.scale)
     kw = dict(eps=case.eps, offset=case.offset, casting=case.casting)
     ref = rms_norm_ref_outputs(x, w, dy, **kw)
     naive = rms_norm_ref_outputs(x, w, dy, compute_dtype=torch.float32, **kw)

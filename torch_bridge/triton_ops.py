@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from pallas_norm.semantics import check_scalars
 from torch_bridge import reference, triton_kernels
 
 
