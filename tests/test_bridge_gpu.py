@@ -45,20 +45,21 @@ def test_launch_route_accuracy(shape, dtype, casting, offset, weight_dtype):
     torch.cuda.empty_cache()
 
 
-def race_free(step, reps: int = 4) -> bool:
-    """Run ``step(x, w, dy) -> tensors`` on a side stream right after a ~20 ms producer that writes x and dy
-    (their buffers hold NaN until then), consume the results at once on that stream, and compare with a
-    synchronous run. Fresh data each rep, so a stale buffer from the previous rep cannot pass by luck."""
+def race_free(step, reps: int = 4, sleep_cycles: int = 40_000_000) -> bool:
+    """Run ``step(x, w, dy) -> tensors`` on a side stream right after a slow producer (``sleep_cycles`` GPU
+    cycles, 40M ≈ 20 ms) that writes x and dy (their buffers hold NaN until then), consume the results at once
+    on that stream, and compare with a synchronous run. Fresh data each rep (seeds cycle through 16 sets), so a
+    stale buffer from the previous rep cannot pass by luck."""
     side = torch.cuda.Stream()
     ok = True
     for rep in range(reps):
-        x_src, w, dy_src = make_inputs((8, 4096), torch.bfloat16, 0.0, seed=10 + rep)
+        x_src, w, dy_src = make_inputs((8, 4096), torch.bfloat16, 0.0, seed=10 + rep % 16)
         expected = [t.clone() for t in step(x_src, w, dy_src)]
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
             x = torch.full_like(x_src, float("nan"))
             dy = torch.full_like(dy_src, float("nan"))
-            torch.cuda._sleep(40_000_000)
+            torch.cuda._sleep(sleep_cycles)
             x.copy_(x_src), dy.copy_(dy_src)
             got = [t.clone() for t in step(x, w, dy)]
         torch.cuda.synchronize()
@@ -80,9 +81,10 @@ def _launch_on_own_stream(x, w, dy):
     return launcher(x, w, stream=torch.cuda.Stream().cuda_stream)[:1]
 
 
-@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack"])
+@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack", "triton"])
 def test_no_race_with_torch_streams(backend):
     assert race_free(_autograd_step(backend))
+    assert race_free(_autograd_step(backend), reps=1000, sleep_cycles=2_000_000)  # 1000 × a ~1 ms producer
 
 
 def test_race_check_catches_a_bridge_ignoring_torch_stream():
