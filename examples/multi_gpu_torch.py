@@ -5,7 +5,8 @@
 Every rank builds the same model (same seed), trains ``--steps`` SGD steps on its slice of one global batch, and
 checks:
 
-1. each rank's bridge runs on that rank's GPU (the output's device, and the JAX device the bridge picked);
+1. each rank's bridge runs on that rank's GPU (the output's device, the JAX device the bridge picked) and leaves
+   torch's current device alone (JAX's first use switches the thread to another GPU; the bridge puts it back);
 2. DDP: parameters after training equal a single-GPU run on the whole batch (float32, rel ≤ 1e-5: only the
    order of the gradient all-reduce differs);
 3. FSDP2: the same with every block and the root ``fully_shard``-ed;
@@ -103,8 +104,11 @@ def main() -> int:
     x = torch.randn(4, HIDDEN, device=device)
     y = torch_bridge.rms_norm(x, torch.ones(HIDDEN, device=device), backend=args.backend)
     jax_dev = jax_device_for(x) if args.backend != "triton" else None
-    on_own = y.device == device and (jax_dev is None or jax_dev.local_hardware_id == local_rank)
-    check(results, "bridge on this rank's GPU", on_own, f"y on {y.device}, JAX device {jax_dev}")
+    current = torch.cuda.current_device()
+    on_own = (y.device == device and current == local_rank
+              and (jax_dev is None or jax_dev.local_hardware_id == local_rank))
+    check(results, "bridge on this rank's GPU", on_own,
+          f"y on {y.device}, JAX device {jax_dev}, torch's current device afterwards cuda:{current}")
 
     reference = full_params(train(make_model(args.backend, device), args.steps, device, rank, world, local=False))
     ddp = DistributedDataParallel(make_model(args.backend, device), device_ids=[local_rank])

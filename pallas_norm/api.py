@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backend, kernels, reference
+from . import backend, kernels, reference, sharding
 from .checks import check_inputs
 from .plan import make_plan
 
@@ -50,6 +50,11 @@ def rms_norm(
     the XLA path elsewhere), ``"pallas"``, ``"xla"``, or ``"interpret"`` (the Pallas kernel run by Pallas's
     interpreter, on any backend). Differentiable (custom VJP: ``dx`` and float32-accumulated, deterministic
     ``dweight``), and works under ``jit``, ``vmap`` and ``jax.checkpoint``. The cotangent is never written.
+
+    Sharded ``x`` (``pallas_norm/sharding.py``): rows (leading axes) may be sharded over mesh axes; each device
+    normalises its own rows, nothing is gathered, ``y``/``dx`` keep ``x``'s sharding and ``dweight`` is summed
+    over the row shards. The hidden (last) axis must be whole on every device: sharding it raises a
+    ``ValueError`` (reshard with ``jax.lax.with_sharding_constraint(x, P(..., None))`` first).
     """
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
     return _rms_norm(x, weight, eps, offset, casting, resolve_impl(impl))
@@ -59,7 +64,7 @@ def rms_norm_with_rstd(x, weight=None, *, eps=1e-6, offset=0.0, casting="llama",
     """Forward only: ``(y, rstd)`` with ``rstd`` float32 of shape ``x.shape[:-1]`` (not differentiable)."""
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
     y, (_, _, rstd) = _rms_norm_fwd(x, weight, eps, offset, casting, resolve_impl(impl))
-    return y, rstd.reshape(x.shape[:-1])
+    return y, rstd
 
 
 def _opt(weight):
@@ -72,16 +77,16 @@ def _rms_norm(x, weight, eps, offset, casting, impl):
 
 
 def _rms_norm_fwd(x, weight, eps, offset, casting, impl):
-    x2 = x.reshape(-1, x.shape[-1])
-    y, rstd = forward_fn(eps, offset, casting, impl)(x2, *_opt(weight))
-    return y.reshape(x.shape), (x2, weight, rstd)
+    has_weight = weight is not None
+    y, rstd = sharding.forward(forward_fn(eps, offset, casting, impl), has_weight)(x, *_opt(weight))
+    return y, (x, weight, rstd)
 
 
 def _rms_norm_bwd(eps, offset, casting, impl, residuals, dy):
-    x2, weight, rstd = residuals
-    dx, dweight = backward_fn(offset, casting, impl, weight is not None)(
-        x2, *_opt(weight), dy.reshape(x2.shape), rstd)
-    return dx.reshape(dy.shape), dweight
+    x, weight, rstd = residuals
+    has_weight = weight is not None
+    bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight), has_weight)
+    return bwd(x, *_opt(weight), dy, rstd)
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)

@@ -7,6 +7,10 @@ import os
 import pytest
 import torch
 
+# Four CPU devices for tests/test_sharding.py: XLA reads this when JAX first initialises its CPU backend.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     # Must be set before triton is imported anywhere: CPU tests run the real Triton kernels interpreted.

@@ -172,14 +172,14 @@ def test_error_inputs(error_input):
     live = jax.live_arrays()  # held, so their ids stay unique
     with pytest.raises(error_input.exc, match=error_input.match) as info:
         error_input.entry(**args)
+    if DEVICE == "cuda":
+        assert torch.cuda.memory_allocated() == allocated
     assert re.search(r"\b(x|weight|eps|offset|casting|impl|backend|num_features|param_dtype|normalized_shape|dtype|"
                      r"model|verify)\b", str(info.value).split(" must ")[0]), str(info.value)
     after = snapshot(args)
     assert all(torch.equal(before[k], after[k]) for k in before)
     known = {id(a) for a in live}
     assert [a.shape for a in jax.live_arrays() if id(a) not in known] == []
-    if DEVICE == "cuda":
-        assert torch.cuda.memory_allocated() == allocated
 
 
 def test_jax_weight_on_another_device():

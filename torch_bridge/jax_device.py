@@ -7,6 +7,7 @@ the user set it (it only takes effect if JAX's GPU backend was not initialised b
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -18,11 +19,29 @@ import torch  # noqa: E402
 
 @functools.lru_cache(maxsize=None)
 def _gpu_devices() -> dict[int, jax.Device]:
+    """JAX's GPUs by CUDA ordinal. Initialising JAX's GPU backend leaves another GPU current on this thread
+    (it visits every device), so torch's current device is put back afterwards."""
+    current = torch.cuda.current_device() if torch.cuda.is_available() else None
     try:
         devices = jax.devices("gpu")
     except RuntimeError:
         return {}
+    finally:
+        if current is not None:
+            torch.cuda.set_device(current)
     return {int(d.local_hardware_id): d for d in devices}
+
+
+@contextlib.contextmanager
+def current_device_of(t: torch.Tensor):
+    """Make ``t``'s GPU torch's current device for the bridge's work, and restore the caller's current device
+    afterwards, whatever JAX (initialising, compiling) set in between. Torch's DLPack export and "current
+    stream" are per current device, so this is what keeps a rank's bridge on its own GPU and stream."""
+    if t.device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(t.device):
+        yield
 
 
 def jax_device_for(t: torch.Tensor) -> jax.Device:

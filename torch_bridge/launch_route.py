@@ -193,13 +193,23 @@ class Launcher:
         return tuple(values[i] for i in self.program.outputs)
 
 
+def _load(program: Program, device_index: int) -> Launcher:
+    """Load ``program`` on ``device_index``. The device is made current again here, after the JAX lowering that
+    built ``program``: JAX's first use switches the thread's current GPU under torch's device guard, and a module
+    loaded on the wrong GPU fails at launch with "invalid resource handle" (seen on rank 0 under torchrun)."""
+    with torch.cuda.device(device_index):
+        return Launcher(program, device_index)
+
+
 @functools.lru_cache(maxsize=256)
 def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int) -> Launcher:
     with torch.cuda.device(device_index):
-        return Launcher(forward_program(m, n, x_dtype, w_dtype, eps, offset, casting), device_index)
+        program = forward_program(m, n, x_dtype, w_dtype, eps, offset, casting)
+    return _load(program, device_index)
 
 
 @functools.lru_cache(maxsize=256)
 def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int) -> Launcher:
     with torch.cuda.device(device_index):
-        return Launcher(backward_program(m, n, x_dtype, w_dtype, offset, casting), device_index)
+        program = backward_program(m, n, x_dtype, w_dtype, offset, casting)
+    return _load(program, device_index)

@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from torch_bridge import dlpack_route, launch_route
+from torch_bridge.jax_device import current_device_of
 
 ROUTES: tuple[str, ...] = ("dlpack", "launch")
 _unsupported: set[tuple] = set()  # launch-route keys whose lowered module is not a plain kernel chain
@@ -56,20 +57,27 @@ def _launcher(launcher_fn, key: tuple, x: torch.Tensor):
     except launch_route.UnsupportedProgram as err:
         _unsupported.add(key)
         warnings.warn(f"pallas_norm: direct launch unavailable ({err}); using the DLPack route", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=5)
         return None
-
-
-def _run(launcher, x: torch.Tensor, inputs, out_shapes):
-    if x.device.index == torch.cuda.current_device():
-        return launcher(*inputs, out_shapes=out_shapes)
-    with torch.cuda.device(x.device.index):
-        return launcher(*inputs, out_shapes=out_shapes)
 
 
 def forward_impl(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
                  route: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, rstd)``: y in x's shape and dtype, rstd float32 of shape ``x.shape[:-1]``."""
+    """``(y, rstd)``: y in x's shape and dtype, rstd float32 of shape ``x.shape[:-1]``; runs with x's GPU current
+    (torch's current device is restored afterwards)."""
+    with current_device_of(x):
+        return _forward(x, weight, eps, offset, casting, route)
+
+
+def backward_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                  offset: float, casting: str, route: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(dx, dweight)``; dx in a new buffer (dy is only read), dweight None without weight; runs with x's GPU
+    current."""
+    with current_device_of(x):
+        return _backward(dy, x, weight, rstd, offset, casting, route)
+
+
+def _forward(x, weight, eps, offset, casting, route):
     x, weight = kernel_ready(x), None if weight is None else kernel_ready(weight)
     n = x.shape[-1]
     m = x.numel() // n
@@ -79,13 +87,11 @@ def forward_impl(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
         key = (m, n, x.dtype, None if weight is None else weight.dtype, eps, offset, casting)
         launcher = _launcher(launch_route.forward_launcher, key, x)
         if launcher is not None:  # kernels see pointers: x goes in N-d, outputs come out in x's shape
-            return _run(launcher, x, (x,) if weight is None else (x, weight), (x.shape, x.shape[:-1]))
+            return launcher(*((x,) if weight is None else (x, weight)), out_shapes=(x.shape, x.shape[:-1]))
     return dlpack_route.forward(x, weight, eps, offset, casting)
 
 
-def backward_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                  offset: float, casting: str, route: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(dx, dweight)``; dx in a new buffer (dy is only read), dweight None without weight."""
+def _backward(dy, x, weight, rstd, offset, casting, route):
     x, dy, rstd = kernel_ready(x), kernel_ready(dy), kernel_ready(rstd)
     weight = None if weight is None else kernel_ready(weight)
     n = x.shape[-1]
@@ -97,7 +103,7 @@ def backward_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
         launcher = _launcher(launch_route.backward_launcher, key, x)
         if launcher is not None:
             inputs = (x, dy, rstd) if weight is None else (x, weight, dy, rstd)
-            out = _run(launcher, x, inputs, (x.shape, (n,)))
+            out = launcher(*inputs, out_shapes=(x.shape, (n,)))
             return out[0], (out[1] if weight is not None else None)
     return dlpack_route.backward(dy, x, weight, rstd, offset, casting)
 

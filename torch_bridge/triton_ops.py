@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from torch_bridge import reference, triton_kernels
+from torch_bridge.jax_device import current_device_of
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -32,7 +33,8 @@ def triton_rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float
     """y = r(n * (w + offset)), rstd = rsqrt(mean(x*x) + eps) (float32; float64 for float64 x)."""
     x2 = x.reshape(-1, x.shape[-1])
     if _use_triton(x):
-        y, rstd = triton_kernels.rms_norm_fwd(x2, weight, eps, offset, casting)
+        with current_device_of(x):  # Triton launches on the current device
+            y, rstd = triton_kernels.rms_norm_fwd(x2, weight, eps, offset, casting)
     else:
         y, rstd = reference.rms_norm_ref_forward(x2, weight, eps, offset=offset, casting=casting,
                                                  compute_dtype=_rstd_dtype(x), keep_roundings=True)
@@ -53,8 +55,9 @@ def triton_rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
     x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
     need_dweight = need_dweight and weight is not None
     if _use_triton(x):
-        dx, dweight = triton_kernels.rms_norm_bwd(dy2, x2, weight, rstd.reshape(-1), offset, casting,
-                                                  need_dx, need_dweight)
+        with current_device_of(x):
+            dx, dweight = triton_kernels.rms_norm_bwd(dy2, x2, weight, rstd.reshape(-1), offset, casting,
+                                                      need_dx, need_dweight)
     else:
         dx, dweight = reference.rms_norm_ref_backward(dy2, x2, weight, offset=offset, casting=casting,
                                                       compute_dtype=_rstd_dtype(x), keep_roundings=True,
