@@ -130,8 +130,7 @@ def plot(logs: list[Step], depths: list[int], title: str, path: pathlib.Path) ->
     axes[0].set(title="loss", xlabel="step")
     axes[1].set(title="global gradient norm", xlabel="step", yscale="log")
     axes[2].set(title="gradient norm per layer (mean over steps)", xlabel="layer index", yscale="log")
-    axes[3].set(title="|Δ global grad norm| / reference's (dashed: pallas, dotted: noise floor; 0 drawn at 1e-9)",
-                xlabel="step",
+    axes[3].set(title="global grad norm: relative distance from the reference (0 drawn at 1e-9)", xlabel="step",
                 yscale="log")
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"{title}\nsolid: reference, dashed: pallas, dotted: reference with norm weights 1 ulp off")
