@@ -53,8 +53,10 @@ def rms_norm(
 
     Sharded ``x`` (``pallas_norm/sharding.py``): rows (leading axes) may be sharded over mesh axes; each device
     normalises its own rows, nothing is gathered, ``y``/``dx`` keep ``x``'s sharding and ``dweight`` is summed
-    over the row shards. The hidden (last) axis must be whole on every device: sharding it raises a
-    ``ValueError`` (reshard with ``jax.lax.with_sharding_constraint(x, P(..., None))`` first).
+    over the row shards. The hidden (last) axis must be whole on every device: sharding it is refused with a
+    message naming the mesh axis and the fix (reshard with ``jax.lax.with_sharding_constraint(x, P(..., None))``):
+    a ``ValueError`` while tracing (Explicit mesh axes), or at compile time a ``jax.errors.JaxRuntimeError``
+    carrying it (Auto axes, whose shardings only XLA's partitioner knows).
     """
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
     return _rms_norm(x, weight, eps, offset, casting, resolve_impl(impl))

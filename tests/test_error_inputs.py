@@ -54,7 +54,8 @@ def nnx_call(**override):
 
 def torch_call(**override):
     t = lambda *shape, **kw: torch.ones(*shape, device=DEVICE, **kw)  # noqa: E731
-    args = lambda: dict(dict(x=t(2, 8), weight=t(8)), **{k: v() if callable(v) else v for k, v in override.items()})  # noqa: E731
+    def args():
+        return dict(dict(x=t(2, 8), weight=t(8)), **{k: v() if callable(v) else v for k, v in override.items()})
     return torch_bridge.rms_norm, args
 
 
@@ -63,7 +64,9 @@ def module_call(**override):
     if "x" in override:
         return (lambda module, x: module(x)), lambda: dict(module=torch_bridge.RMSNorm(8, device=DEVICE),
                                                            x=override["x"]())
-    return (lambda **kw: torch_bridge.RMSNorm(kw.pop("normalized_shape", 8), device=DEVICE, **kw)), lambda: dict(override)
+    def construct(**kw):
+        return torch_bridge.RMSNorm(kw.pop("normalized_shape", 8), device=DEVICE, **kw)
+    return construct, lambda: dict(override)
 
 
 def patch_call(**override):

@@ -6,11 +6,11 @@
 "perturbed", is the reference with every norm weight moved by one ulp: the noise floor. Training is chaotic
 (Adam divides by running gradient magnitudes), so any last-bit difference — a float32 sum in another order —
 grows over the steps; the kernel changes nothing that matters when its distance from the reference stays
-within the perturbed run's. Same seed, same synthetic batches, AdamW. Every step logs the loss, the global gradient norm and each layer's gradient norm; a
-variant stops at the first NaN/Inf (loss or gradient), which is reported with its step and layer. Writes
-``train_<model>_<framework>.csv`` (one row per variant × depth × step), ``.json`` (the summary) and ``.png``
-(loss curves, global grad norm, and per-layer grad norm vs layer index, both variants). Exit code 1 when any
-variant hit a NaN/Inf.
+within the perturbed run's. Same seed, same synthetic batches, AdamW. Every step logs the loss, the global
+gradient norm and each layer's gradient norm; a run stops at the first NaN/Inf (loss or gradient), which is
+reported with its step and layer. Writes ``train_<model>_<framework>.csv`` (one row per variant × depth × step),
+``.json`` (the summary) and ``.png`` (loss, global grad norm, per-layer grad norm vs layer index, and each run's
+distance from the reference per step). Exit code 1 when any run hit a NaN/Inf.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ def summarize(logs: list[Step], depths: list[int]) -> list[dict]:
     rows = []
     for depth in depths:
         ref, *others = ([s for s in logs if s.layers == depth and s.variant == v] for v in VARIANTS)
-        row = dict(layers=depth, steps=len(ref), final_loss={v: log[-1].loss for v, log in zip(VARIANTS, (ref, *others))},
+        runs = (ref, *others)
+        row = dict(layers=depth, steps=len(ref), final_loss={v: log[-1].loss for v, log in zip(VARIANTS, runs)},
                    first_nonfinite={v: next((f"step {s.step}: {s.nonfinite}" for s in log if s.nonfinite), None)
-                                    for v, log in zip(VARIANTS, (ref, *others))})
+                                    for v, log in zip(VARIANTS, runs)})
         for v, log in zip(VARIANTS[1:], others):
             pairs = list(zip(ref, log))
             row[f"max_rel_loss_diff_{v}"] = max((rel(o.loss, r.loss) for r, o in pairs), default=float("nan"))
