@@ -1,8 +1,11 @@
 """The bridge on a GPU: the DLPack route gives JAX's bits at LLM sizes, the launch route is as accurate as the
-reference kernel, neither races torch's stream, memory stays flat over 10k calls, and the launch route falls back
+reference kernel, no backend races torch's stream, device and host memory stay flat over 10k calls, and the launch route falls back
 to DLPack when a lowered module is not a kernel chain."""
 
 from __future__ import annotations
+
+import gc
+import os
 
 import jax
 import pytest
@@ -95,20 +98,28 @@ def _jax_bytes_in_use() -> int:
     return jax.devices("gpu")[0].memory_stats()["bytes_in_use"]
 
 
-def memory_growth(step, calls: int) -> tuple[int, int]:
-    """(torch, JAX) device bytes in use after ``calls`` calls of ``step`` minus before (after a warm-up)."""
-    for _ in range(10):
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_growth(step, calls: int) -> tuple[int, int, int]:
+    """(torch, JAX) device bytes in use and host RSS after ``calls`` calls of ``step`` minus before (after a
+    warm-up, garbage collected)."""
+    for _ in range(100):
         step()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated(), _jax_bytes_in_use()
+    torch.cuda.synchronize(), gc.collect()
+    before = torch.cuda.memory_allocated(), _jax_bytes_in_use(), _rss_bytes()
     for _ in range(calls):
         step()
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated() - before[0], _jax_bytes_in_use() - before[1]
+    torch.cuda.synchronize(), gc.collect()
+    after = torch.cuda.memory_allocated(), _jax_bytes_in_use(), _rss_bytes()
+    return tuple(a - b for a, b in zip(after, before))
 
 
-@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack"])
+@pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack", "triton"])
 def test_memory_flat_over_10k_calls(backend):
+    """Device memory (torch's allocator and JAX's) unchanged and host RSS within 16 MiB over 10k fwd+bwd calls."""
     x, w, dy = make_inputs((8, 4096), torch.bfloat16, 0.0)
     x.requires_grad_(), w.requires_grad_()
 
@@ -116,9 +127,11 @@ def test_memory_flat_over_10k_calls(backend):
         rms_norm(x, w, backend=backend).backward(dy)
         x.grad = w.grad = None
 
-    assert memory_growth(step, 10_000) == (0, 0)
+    torch_growth, jax_growth, host_growth = memory_growth(step, 10_000)
+    assert (torch_growth, jax_growth) == (0, 0)
+    assert host_growth < 16 * 2**20, f"host RSS grew {host_growth / 2**20:.1f} MiB over 10k calls"
     kept = []
-    assert sum(memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)) > 0  # a leak shows
+    assert sum(memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)[:2]) > 0  # a leak shows
 
 
 def test_launch_route_falls_back_to_dlpack(monkeypatch):

@@ -40,6 +40,11 @@ class ErrorInput:
     match: str
 
 
+def T(*shape, **kw) -> Callable[[], torch.Tensor]:
+    """A factory of ``torch.ones(*shape)`` on the test device (tensors are made when a case is walked)."""
+    return lambda: torch.ones(*shape, device=DEVICE, **kw)
+
+
 def jax_call(**override):
     args = lambda: dict(dict(x=jnp.ones((2, 8)), weight=jnp.ones(8), impl=JAX_IMPL), **override)  # noqa: E731
     return pn.rms_norm, args
@@ -53,9 +58,8 @@ def nnx_call(**override):
 
 
 def torch_call(**override):
-    t = lambda *shape, **kw: torch.ones(*shape, device=DEVICE, **kw)  # noqa: E731
     def args():
-        return dict(dict(x=t(2, 8), weight=t(8)), **{k: v() if callable(v) else v for k, v in override.items()})
+        return dict(dict(x=T(2, 8)(), weight=T(8)()), **{k: v() if callable(v) else v for k, v in override.items()})
     return torch_bridge.rms_norm, args
 
 
@@ -78,7 +82,6 @@ def case(name, call, exc, match):
     return ErrorInput(name, entry, args, exc, match)
 
 
-T = lambda *shape, **kw: (lambda: torch.ones(*shape, device=DEVICE, **kw))  # noqa: E731
 ERROR_INPUTS = [
     # pallas_norm.rms_norm
     case("jax weight wrong length", jax_call(weight=jnp.ones(7)), ValueError, r"weight must have shape \(8,\)"),

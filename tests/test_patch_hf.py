@@ -19,6 +19,7 @@ import torch_bridge
 from torch_bridge import hf
 from torch_bridge.tiny_models import FAMILIES, tiny_model, tokens
 
+from test_hf_models import rel_err
 from test_triton import DEVICE
 
 MODES = {"gemma": ("gemma", 1.0), "gemma2": ("gemma", 1.0), "gemma3": ("gemma", 1.0)}
@@ -28,10 +29,6 @@ RTOL = 1e-5  # float32 logits: the norms' sums run in another order (~1e-7 relat
 def hf_norms(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return {path: m for path, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")
             and type(m).__module__.startswith("transformers.")}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -24,7 +24,12 @@ import pathlib
 from collections.abc import Callable, Iterator
 
 VARIANTS = ("reference", "pallas", "perturbed")
-SEQ_LEN, BATCH = 32, 4
+SEQ_LEN, BATCH, VOCAB = 32, 4, 128
+
+
+def sizes(gpu: bool, hidden: int | None, steps: int | None) -> tuple[int, int]:
+    """``(hidden, steps)``: the user's, else 512 and 50 on a GPU, 64 and 20 on CPU (interpreted kernels)."""
+    return hidden or (512 if gpu else 64), steps or (50 if gpu else 20)
 
 
 @dataclasses.dataclass
@@ -45,13 +50,13 @@ class Step:
 Trainer = Callable[[int, str], Iterator[tuple[float, dict[str, float]]]]
 
 
-def batches(vocab: int, seed: int, steps: int) -> list[list[list[int]]]:
+def batches(seed: int, steps: int) -> list[list[list[int]]]:
     """Learnable synthetic sequences: ``(start + k·stride) mod vocab`` with a random start and stride per row."""
     import random
 
     rng = random.Random(seed)
-    return [[[(s + k * d) % vocab for k in range(SEQ_LEN)]
-             for s, d in ((rng.randrange(vocab), rng.randrange(1, 8)) for _ in range(BATCH))] for _ in range(steps)]
+    return [[[(s + k * d) % VOCAB for k in range(SEQ_LEN)]
+             for s, d in ((rng.randrange(VOCAB), rng.randrange(1, 8)) for _ in range(BATCH))] for _ in range(steps)]
 
 
 def first_nonfinite(loss: float, groups: dict[str, float]) -> str | None:

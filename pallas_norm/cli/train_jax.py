@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pallas_norm.cli.train import batches
+from pallas_norm.cli.train import VOCAB, batches, sizes
 
-VOCAB = 128
 MODES = {"gemma2": dict(sandwich=True, casting="gemma", offset=1.0),
          "llama": dict(sandwich=False, casting="llama", offset=0.0),
          "qwen2": dict(sandwich=False, casting="llama", offset=0.0)}
@@ -28,9 +27,8 @@ def make_trainer(model: str, dtype: str, *, hidden: int | None, lr: float, seed:
     from pallas_norm.tiny_lm import TinyDecoder
 
     gpu = pn.api.backend.on_gpu()
-    hidden = hidden or (512 if gpu else 64)
-    steps = steps or (50 if gpu else 20)
-    data = batches(VOCAB, seed, steps)
+    hidden, steps = sizes(gpu, hidden, steps)
+    data = batches(seed, steps)
     mode = MODES[model]
     kernel = "pallas" if gpu else "interpret"
 

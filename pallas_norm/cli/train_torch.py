@@ -5,10 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from pallas_norm.cli.train import batches
+from pallas_norm.cli.train import VOCAB, batches, sizes
 
-FAMILIES = {"llama": "llama", "gemma2": "gemma2", "qwen2": "qwen2"}
-VOCAB = 128
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -26,13 +24,12 @@ def make_trainer(model: str, dtype: str, *, hidden: int | None, lr: float, seed:
     from torch_bridge.tiny_models import tiny_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    hidden = hidden or (512 if device == "cuda" else 64)
-    steps = steps or (50 if device == "cuda" else 20)
-    data = batches(VOCAB, seed, steps)
+    hidden, steps = sizes(device == "cuda", hidden, steps)
+    data = batches(seed, steps)
     torch_dtype = getattr(torch, dtype)
 
     def trainer(layers: int, variant: str) -> Iterator[tuple[float, dict[str, float]]]:
-        net = tiny_model(FAMILIES[model], layers=layers, hidden=hidden, vocab=VOCAB, seed=seed, dtype=torch_dtype,
+        net = tiny_model(model, layers=layers, hidden=hidden, vocab=VOCAB, seed=seed, dtype=torch_dtype,
                          device=device)
         if variant == "pallas":
             torch_bridge.patch_hf_model(net, backend=backend)
