@@ -1,10 +1,14 @@
-"""``python -m bench``: every RMSNorm provider side by side on the GPU; table, CSV and plot in bench/results/.
+"""``python -m bench``: our kernels and every peer side by side on the GPU; results in bench/results/.
 
-    python -m bench [--dtype bfloat16|float16|float32] [--casting llama|gemma] [--quick] [--shapes 32768x4096,...]
-                    [--no-small] [--out bench/results]
-    python -m bench render RUN.json [RUN.json ...] [--out DIR]   # re-render (or merge) saved runs
+    python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--no-small] [--out DIR]
+    python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
+    python -m bench overhead [--calls N] [--out DIR]
+    python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
 
-Without a CUDA GPU it says so and exits 0 (nothing to measure).
+suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, small calls, the targets (table, CSV,
+PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
+large-call cost, layer by layer. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or
+without torch) says so and exits 2; ``render`` runs anywhere.
 """
 
 from __future__ import annotations
@@ -14,60 +18,100 @@ import json
 import pathlib
 import sys
 
-from bench import report
+from bench import report, timing
+
+COMMANDS = ("suite", "sweep", "overhead", "render")
 
 
-def _stem(env: dict) -> str:
-    gpu = env["gpu"].lower().replace("nvidia ", "").split()[0]
-    return f"bench_{gpu}_{env['dtype']}_{env['casting']}"
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(v) for v in s.split("x", 1)) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes must be comma-separated MxN, got {text!r}") from None
+
+
+def suite_stem(env: dict) -> str:
+    return f"bench_{timing.gpu_slug(env['gpu'])}_{env['dtype']}_{env['casting']}"
 
 
 def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
-    """Merge saved runs (same GPU, dtype, casting; each row keeps its own run's % of copy) and write them."""
+    """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy) and write them."""
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     env = dict(runs[0]["env"])
     env["copy_tbps"] = max(r["env"]["copy_tbps"] for r in runs)
     if len(runs) > 1:
         env["copy_note"] = ", ".join(f"{r['env']['copy_tbps']:.2f}" for r in runs)
     merged = dict(env=env, rows=[row for r in runs for row in r["rows"]])
-    return report.write(merged, out, _stem(env))
+    return report.write(merged, out, suite_stem(env))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    for name in ("suite", "sweep"):
+        s = sub.add_parser(name)
+        s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+        s.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
+        s.add_argument("--quick", action="store_true", help="a few shapes (and configs) instead of the full grid")
+        s.add_argument("--shapes", type=_shapes, default=None, help="comma-separated MxN (overrides --quick)")
+        s.add_argument("--out", default="bench/results")
+        if name == "suite":
+            s.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
+    o = sub.add_parser("overhead")
+    o.add_argument("--calls", type=int, default=2000, help="back-to-back calls per timing loop (small call)")
+    o.add_argument("--out", default="bench/results")
+    r = sub.add_parser("render")
+    r.add_argument("runs", nargs="+")
+    r.add_argument("--out", default="bench/results")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["render"]:
-        p = argparse.ArgumentParser(prog="python -m bench render")
-        p.add_argument("runs", nargs="+")
-        p.add_argument("--out", default="bench/results")
-        args = p.parse_args(argv[1:])
-        print("\n".join(map(str, render(args.runs, pathlib.Path(args.out)))))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
+        argv = ["suite", *argv]
+    args = parser().parse_args(argv)
+    out = pathlib.Path(args.out)
+    if args.command == "render":
+        print("\n".join(map(str, render(args.runs, out))))
         return 0
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
-    p.add_argument("--quick", action="store_true", help="four shapes instead of the full grid")
-    p.add_argument("--shapes", default=None, help="comma-separated MxN (overrides --quick)")
-    p.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
-    p.add_argument("--out", default="bench/results")
-    args = p.parse_args(argv)
+    code = timing.gpu_or_exit_code(f"python -m bench {args.command}")
+    if code is not None:
+        return code
+    out.mkdir(parents=True, exist_ok=True)
+    if args.command == "overhead":
+        from bench import overhead
 
-    import torch
-    if not torch.cuda.is_available():
-        print("python -m bench: no CUDA GPU here; the benchmark only measures on a GPU. Nothing to do.")
+        result = overhead.run(args.calls)
+        stem = out / f"overhead_{timing.gpu_slug(result['env']['gpu'])}"
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        stem.with_suffix(".md").write_text(overhead.markdown(result))
+        overhead.plot(result, stem.with_suffix(".png"))
+        print(overhead.markdown(result))
+        return 0
+    if args.command == "sweep":
+        from bench import sweep
+
+        result = sweep.run(args.shapes or (sweep.QUICK_SHAPES if args.quick else sweep.SHAPES), args.dtype,
+                           args.casting, args.quick)
+        stem = out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}"
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        stem.with_suffix(".md").write_text(sweep.markdown(result))
+        print(sweep.markdown(result))
         return 0
     from bench import suite
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-              else suite.QUICK_SHAPES if args.quick else suite.SHAPES)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+
+    shapes = args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)
     partial = out / f"run_{args.dtype}_{args.casting}.json"
     save = lambda result: partial.write_text(json.dumps(result))  # noqa: E731  (partial results survive a kill)
     result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save)
     save(result)
-    paths = report.write(result, out, _stem(result["env"]))
+    paths = report.write(result, out, suite_stem(result["env"]))
+    raw = out / f"{suite_stem(result['env'])}.json"
+    partial.replace(raw)
     print(report.markdown(result))
-    print("wrote", ", ".join(map(str, paths + [partial])))
+    print("wrote", ", ".join(map(str, paths + [raw])))
     return 0
 
 

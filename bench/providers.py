@@ -1,9 +1,10 @@
-"""The benchmark's providers: ours and every peer that imports, each as ``{mode: callable}`` over shared inputs.
+"""The benchmark's providers: ours (named as in ``pallas_norm.registry``) and every peer that imports, each as
+``{mode: callable}`` over shared inputs.
 
 Modes: ``fwd`` (no autograd), ``bwd`` (the backward alone, from saved activations: a retained torch graph or a JAX
 ``vjp`` closure passed to a jitted function), ``fwd+bwd`` (a fresh forward and its backward, dx and dweight).
-Peers compute their own formula for the mode (HF Llama's or HF Gemma's; ``F.rms_norm`` is Llama-like).
-JAX providers see the torch tensors through DLPack (zero-copy), so every provider reads the same memory.
+Peers compute their own formula for the mode (HF Llama's or HF Gemma's; ``F.rms_norm`` is Llama-like). JAX
+providers get JAX-owned copies of the inputs (DLPack from torch, then copied), rotated past L2 when small.
 """
 
 from __future__ import annotations
@@ -18,30 +19,17 @@ import torch
 
 import pallas_norm
 import torch_bridge
+from bench.names import JAX_PEERS, OURS, label
+from bench.timing import EPS, hf_formula
 from torch_bridge import dlpack_route, jax_device
-
-EPS = 1e-6
-MODES = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclasses.dataclass
 class Provider:
-    name: str
+    name: str  # the key in results: a registry name for ours, a peer name otherwise
+    label: str
     framework: str  # "torch" or "jax": how to time it
     build: Callable  # (x, w, dy, offset, casting) -> {mode: zero-argument callable}
-
-
-def hf_formula(offset: float, casting: str) -> Callable:
-    """HF's module formula in eager torch: Gemma's for casting "gemma", else Llama's."""
-    def llama(x, w):
-        h = x.float()
-        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
-
-    def gemma(x, w):
-        h = x.float()
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * (offset + w.float())).type_as(x)
-
-    return gemma if casting == "gemma" else llama
 
 
 def torch_modes(fn: Callable, x, w, dy) -> dict[str, Callable]:
@@ -118,8 +106,7 @@ def _hf_compiled(x, w, dy, offset, casting):
 
 def _liger(x, w, dy, offset, casting):
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    mode = {"llama": "llama", "gemma": "gemma", "none": "none"}[casting]
-    return torch_modes(lambda a, b: LigerRMSNormFunction.apply(a, b, EPS, offset, mode), x, w, dy)
+    return torch_modes(lambda a, b: LigerRMSNormFunction.apply(a, b, EPS, offset, casting), x, w, dy)
 
 
 def _tokamax(x, w, dy, offset, casting):
@@ -129,20 +116,11 @@ def _tokamax(x, w, dy, offset, casting):
 
 
 def providers() -> list[Provider]:
-    """Ours first, then the peers that import here."""
-    out = [Provider("pallas (JAX)", "jax", _pallas_jax),
-           Provider("pallas bridge: launch", "torch", _bridge("pallas_launch")),
-           Provider("pallas bridge: DLPack", "torch", _bridge("pallas_dlpack")),
-           Provider("triton (ours)", "torch", _bridge("triton")),
-           Provider("torch F.rms_norm", "torch", _torch_native),
-           Provider("HF formula, eager", "torch", _hf_eager),
-           Provider("HF formula, torch.compile", "torch", _hf_compiled),
-           Provider("XLA (jit of jnp formula)", "jax", _xla_formula)]
+    """Ours first (``OURS``), then the peers that import here."""
+    builds = {"pallas": _pallas_jax, **{b: _bridge(b) for b in OURS[1:]}, "torch_native": _torch_native,
+              "hf_eager": _hf_eager, "hf_compile": _hf_compiled, "xla_formula": _xla_formula}
     if importlib.util.find_spec("liger_kernel") is not None:
-        out.append(Provider("Liger", "torch", _liger))
+        builds["liger"] = _liger
     if importlib.util.find_spec("tokamax") is not None:
-        out.append(Provider("tokamax", "jax", _tokamax))
-    return out
-
-
-OURS = ("pallas (JAX)", "pallas bridge: launch", "pallas bridge: DLPack", "triton (ours)")
+        builds["tokamax"] = _tokamax
+    return [Provider(n, label(n), "jax" if n == "pallas" or n in JAX_PEERS else "torch", b) for n, b in builds.items()]

@@ -1,6 +1,6 @@
 """``torch_bridge`` under torch.distributed: DDP, FSDP2 (``fully_shard``) and a patched HF model under FSDP2.
 
-    torchrun --nproc_per_node 2 examples/multi_gpu_torch.py [--backend pallas|pallas_launch|triton] [--steps 3]
+    torchrun --nproc_per_node 2 examples/multi_gpu_torch.py [--backend pallas|pallas_launch|pallas_dlpack|triton] [--steps 3]
 
 Every rank builds the same model (same seed), trains ``--steps`` SGD steps on its slice of one global batch, and
 checks:
@@ -28,8 +28,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import torch_bridge
+from pallas_norm import registry
+from pallas_norm_tools.tiny_models import tiny_model, tokens
 from torch_bridge.jax_device import jax_device_for
-from torch_bridge.tiny_models import tiny_model, tokens
 
 HIDDEN, ROWS, RTOL, RTOL_HF = 256, 16, 1e-5, 1e-4
 
@@ -91,7 +92,7 @@ def check(results: list, name: str, ok: bool, detail: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="pallas", choices=("pallas", "pallas_launch", "triton"))
+    p.add_argument("--backend", default=registry.DEFAULT_TORCH_BACKEND, choices=registry.TORCH_BACKENDS)
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
     dist.init_process_group("nccl")

@@ -1,7 +1,8 @@
 """pallas-norm: RMSNorm written once in JAX Pallas (forward + backward), for JAX and PyTorch.
 
 ``rms_norm`` is the differentiable entry point; ``rms_norm_reference`` the plain ``jax.numpy`` formula;
-``pallas_norm.nnx.RMSNorm`` the Flax module (imported on first use: Flax is an optional extra).
+``pallas_norm.nnx.RMSNorm`` the Flax module (imported on first use). This package depends on JAX, NumPy and
+Flax only: the PyTorch side (``torch_bridge``) and the cross-stack tools (``pallas_norm_tools``) build on it.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import importlib
 
 from .api import IMPLS, rms_norm, rms_norm_with_rstd
-from .reference import rms_norm_reference
+from .pallas_config import Config
 from .semantics import CASTINGS
+from .xla import rms_norm_reference
 
-__all__ = ["CASTINGS", "IMPLS", "rms_norm", "rms_norm_reference", "rms_norm_with_rstd", "nnx"]
+__all__ = ["CASTINGS", "Config", "IMPLS", "rms_norm", "rms_norm_reference", "rms_norm_with_rstd", "nnx"]
 __version__ = "0.1.0"
 
 

@@ -8,23 +8,31 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backend, kernels, reference, sharding
+from . import backend, kernels, pallas_config, registry, sharding, xla
 from .checks import check_inputs
-from .plan import make_plan
+from .pallas_config import Config
 
-IMPLS: tuple[str, ...] = ("pallas", "xla", "interpret")
+IMPLS: tuple[str, ...] = registry.JAX_IMPLS
 
 
 def resolve_impl(impl: object) -> str:
     """``None`` → ``"pallas"`` on a GPU, ``"xla"`` elsewhere; validates explicit choices."""
     if impl is None:
         return "pallas" if backend.on_gpu() else "xla"
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    impl = registry.jax_impl(impl)
     if impl == "pallas" and not backend.on_gpu():
         raise ValueError("impl='pallas' needs a GPU (JAX's default backend is "
                          f"{jax.default_backend()!r}); use impl='interpret' to run the kernel on CPU")
     return impl
+
+
+def check_configs(impl: str, **configs: object) -> None:
+    """``config``/``bwd_config`` must be ``pallas_config.Config`` or None, and only for the Pallas kernels."""
+    for name, config in configs.items():
+        if config is not None and not isinstance(config, Config):
+            raise TypeError(f"{name} must be a pallas_norm.pallas_config.Config or None, got {type(config).__name__}")
+        if config is not None and impl == "xla":
+            raise ValueError(f"{name} tiles the Pallas kernels; impl='xla' takes none (got {config})")
 
 
 def rms_norm(
@@ -35,6 +43,8 @@ def rms_norm(
     offset: float = 0.0,
     casting: str = "llama",
     impl: str | None = None,
+    config: Config | None = None,
+    bwd_config: Config | None = None,
 ) -> jax.Array:
     """RMSNorm over the last axis: ``y = x · rsqrt(mean(x²) + eps) · (weight + offset)``, dtype ``x.dtype``.
 
@@ -48,8 +58,10 @@ def rms_norm(
 
     ``weight=None`` means no scale (``offset`` must then be 0). ``impl``: ``None`` (the Pallas kernel on GPU,
     the XLA path elsewhere), ``"pallas"``, ``"xla"``, or ``"interpret"`` (the Pallas kernel run by Pallas's
-    interpreter, on any backend). Differentiable (custom VJP: ``dx`` and float32-accumulated, deterministic
-    ``dweight``), and works under ``jit``, ``vmap`` and ``jax.checkpoint``. The cotangent is never written.
+    interpreter, on any backend). ``config``/``bwd_config`` force the Pallas kernels' tiling for the forward and
+    the backward (``pallas_norm.pallas_config.Config``; None: the heuristic). Differentiable (custom VJP: ``dx``
+    and float32-accumulated, deterministic ``dweight``), and works under ``jit``, ``vmap`` and
+    ``jax.checkpoint``. The cotangent is never written.
 
     Sharded ``x`` (``pallas_norm/sharding.py``): rows (leading axes) may be sharded over mesh axes; each device
     normalises its own rows, nothing is gathered, ``y``/``dx`` keep ``x``'s sharding and ``dweight`` is summed
@@ -59,13 +71,17 @@ def rms_norm(
     carrying it (Auto axes, whose shardings only XLA's partitioner knows).
     """
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
-    return _rms_norm(x, weight, eps, offset, casting, resolve_impl(impl))
+    impl = resolve_impl(impl)
+    check_configs(impl, config=config, bwd_config=bwd_config)
+    return _rms_norm(x, weight, eps, offset, casting, impl, config, bwd_config)
 
 
-def rms_norm_with_rstd(x, weight=None, *, eps=1e-6, offset=0.0, casting="llama", impl=None):
+def rms_norm_with_rstd(x, weight=None, *, eps=1e-6, offset=0.0, casting="llama", impl=None, config=None):
     """Forward only: ``(y, rstd)`` with ``rstd`` float32 of shape ``x.shape[:-1]`` (not differentiable)."""
     x, weight, eps, offset, casting = check_inputs(x, weight, eps, offset, casting)
-    y, (_, _, rstd) = _rms_norm_fwd(x, weight, eps, offset, casting, resolve_impl(impl))
+    impl = resolve_impl(impl)
+    check_configs(impl, config=config)
+    y, (_, _, rstd) = _rms_norm_fwd(x, weight, eps, offset, casting, impl, config, None)
     return y, rstd
 
 
@@ -73,54 +89,55 @@ def _opt(weight):
     return () if weight is None else (weight,)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _rms_norm(x, weight, eps, offset, casting, impl):
-    return _rms_norm_fwd(x, weight, eps, offset, casting, impl)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6, 7))
+def _rms_norm(x, weight, eps, offset, casting, impl, config, bwd_config):
+    return _rms_norm_fwd(x, weight, eps, offset, casting, impl, config, bwd_config)[0]
 
 
-def _rms_norm_fwd(x, weight, eps, offset, casting, impl):
+def _rms_norm_fwd(x, weight, eps, offset, casting, impl, config, bwd_config):
     has_weight = weight is not None
-    y, rstd = sharding.forward(forward_fn(eps, offset, casting, impl), has_weight)(x, *_opt(weight))
+    y, rstd = sharding.forward(forward_fn(eps, offset, casting, impl, config), has_weight)(x, *_opt(weight))
     return y, (x, weight, rstd)
 
 
-def _rms_norm_bwd(eps, offset, casting, impl, residuals, dy):
+def _rms_norm_bwd(eps, offset, casting, impl, config, bwd_config, residuals, dy):
     x, weight, rstd = residuals
     has_weight = weight is not None
-    bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight), has_weight)
+    bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight, bwd_config), has_weight)
     return bwd(x, *_opt(weight), dy, rstd)
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
-def _forward_2d(x2, weight, *, eps, offset, casting, impl):
+def _forward_2d(x2, weight, *, eps, offset, casting, impl, config):
     m, n = x2.shape
     if impl == "xla":
-        return reference.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting)
-    if m == 0:
+        return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting)
+    if m == 0:  # the kernels see at least one row
         return jnp.zeros((0, n), x2.dtype), jnp.zeros((0,), jnp.float32)
-    return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting, plan=make_plan(m, n),
-                           interpret=impl == "interpret")
+    return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting,
+                           config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret")
 
 
-def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl):
+def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config):
     m, n = x2.shape
     if impl == "xla":
-        return reference.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting)
+        return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting)
     if m == 0:
         return jnp.zeros((0, n), x2.dtype), None if weight is None else jnp.zeros((n,), weight.dtype)
     return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting,
-                            plan=make_plan(m, n, backward=True), interpret=impl == "interpret")
+                            config=pallas_config.fit(config, m, n, backward=True), interpret=impl == "interpret")
 
 
 @functools.lru_cache(maxsize=None)
-def forward_fn(eps, offset, casting, impl):
+def forward_fn(eps, offset, casting, impl, config: Config | None = None):
     """``f(x2, *weight) -> (y, rstd)`` on 2-D ``x2``; under ``vmap`` the batch axis is folded into the rows (one
     launch). The custom VJP and the torch bridge both run exactly this function, hence identical bits."""
 
     def fwd(x2, *w):
-        return _forward_2d(x2, w[0] if w else None, eps=eps, offset=offset, casting=casting, impl=impl)
+        return _forward_2d(x2, w[0] if w else None, eps=eps, offset=offset, casting=casting, impl=impl,
+                           config=config)
 
     if impl == "xla":
         return fwd
@@ -139,14 +156,14 @@ def forward_fn(eps, offset, casting, impl):
 
 
 @functools.lru_cache(maxsize=None)
-def backward_fn(offset, casting, impl, has_weight):
+def backward_fn(offset, casting, impl, has_weight, config: Config | None = None):
     """``f(x2, *weight, dy2, rstd) -> (dx, dweight)``; under ``vmap`` rows are folded when there is no weight,
     else each example runs its own launch (each needs its own ``dweight``)."""
 
     def bwd(x2, *rest):
         w = rest[0] if has_weight else None
         dy2, rstd = rest[-2:]
-        return _backward_2d(x2, w, dy2, rstd, offset=offset, casting=casting, impl=impl)
+        return _backward_2d(x2, w, dy2, rstd, offset=offset, casting=casting, impl=impl, config=config)
 
     if impl == "xla":
         return bwd

@@ -1,7 +1,8 @@
 """Everything specific to the Pallas GPU lowering in use: Pallas's Triton backend.
 
 Kernels in ``kernels.py`` touch memory only through ``load``/``store`` below and get launch settings from
-``compiler_params``; a Mosaic GPU lowering would replace this module.
+``compiler_params``; a Mosaic GPU lowering would replace this module. Pallas's Triton module is imported on
+first use, so ``impl="xla"`` never loads it.
 """
 
 from __future__ import annotations
@@ -11,26 +12,36 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import triton as pl_triton
 
-# The Pallas Triton backend is deprecated since JAX 0.11 (still shipped in 0.12); Mosaic GPU is its successor
-# and a later issue adds that lowering. Silence exactly that one warning, here and nowhere else.
+from . import compat
+
+# The Pallas Triton backend is deprecated since JAX 0.11 (still shipped in 0.12); Mosaic GPU is its successor.
+# Silence exactly that one warning, here and nowhere else.
 warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+
+
+@functools.cache
+def _pl_triton():
+    from jax.experimental.pallas import triton
+
+    return triton
 
 
 def load(ref, mask: jnp.ndarray, *, other: float = 0.0) -> jnp.ndarray:
     """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``."""
-    return pl_triton.load(ref, mask=mask, other=other)
+    return _pl_triton().load(ref, mask=mask, other=other)
 
 
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:
     """Masked store of ``value`` into ``ref`` (already indexed with ``.at[...]``)."""
-    pl_triton.store(ref, value, mask=mask)
+    _pl_triton().store(ref, value, mask=mask)
 
 
-def compiler_params(num_warps: int, num_stages: int | None = None) -> pl_triton.CompilerParams:
-    """Launch settings for one ``pallas_call``."""
-    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+def compiler_params(num_warps: int, num_stages: int | None = None, *, interpret: bool = False):
+    """Launch settings for one ``pallas_call``; compiled kernels also get the rounding primitive's lowering."""
+    if not interpret:
+        compat.register_round_to_lowering()
+    return _pl_triton().CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,21 +56,3 @@ def num_sms() -> int:
 def on_gpu() -> bool:
     """Whether JAX's default backend is a GPU (where ``impl=None`` picks the Pallas kernel)."""
     return jax.default_backend() == "gpu"
-
-
-def _register_round_to_lowering() -> None:
-    """Lower ``rounding.round_to_p`` inside Triton kernels as a convert round trip (hardware nearest-even,
-    subnormals kept), which Triton, unlike XLA, never deletes."""
-    from jax._src.pallas.triton import lowering as tl
-
-    from .rounding import round_to_p
-
-    @tl.register_lowering(round_to_p)
-    def _rule(ctx, v, *, dtype):
-        [aval] = ctx.avals_in
-        cc = ctx.context.compute_capability
-        narrow = tl._cast(v, aval.dtype, dtype, compute_capability=cc)
-        return tl._cast(narrow, dtype, aval.dtype, compute_capability=cc)
-
-
-_register_round_to_lowering()

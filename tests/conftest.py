@@ -1,4 +1,5 @@
-"""Test setup: Triton's interpreter on machines without CUDA, and the ``gpu`` marker's skip."""
+"""Test setup: four CPU devices for the sharding tests, Triton's interpreter on machines without CUDA, the
+``gpu`` marker's skip, and fixtures shared by several files. Helpers: ``helpers.py``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 # Four CPU devices for tests/test_sharding.py: XLA reads this when JAX first initialises its CPU backend.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
+pytest.register_assert_rewrite("helpers")  # its asserts report values, as the tests' own do
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -24,3 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """The torch device the tests run on ("cuda" on the device machine, else "cpu")."""
+    return "cuda" if HAS_CUDA else "cpu"

@@ -1,5 +1,5 @@
-"""The benchmark's CLI and report on CPU: it refuses to measure without a GPU, and it renders saved runs (table
-with the targets, CSV with the environment, PNG) from rows whose numbers decide each target's mark."""
+"""The benchmark's CLI and report on CPU: it refuses to measure without a GPU (exit 2), and it renders saved runs
+(table with the targets, CSV with the environment, PNG) from rows whose numbers decide each target's mark."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench import __main__ as bench_cli
-from bench import report
+from bench import names, report, timing
 
 ENV = dict(gpu="NVIDIA H100 80GB HBM3", driver="580", jax="0.11.2", torch="2.11", triton="3.6", date="2026-11-22",
            dtype="bfloat16", casting="llama", copy_tbps=3.0)
@@ -18,38 +18,51 @@ ENV = dict(gpu="NVIDIA H100 80GB HBM3", driver="580", jax="0.11.2", torch="2.11"
 
 def fake_run(pallas_fwd_tbps: float) -> dict:
     rows = []
-    for n in (1024, 4096):
-        for p, tbps in (("pallas (JAX)", pallas_fwd_tbps), ("torch F.rms_norm", 2.0), ("XLA (jit of jnp formula)", 1.0)):
+    for m, n in ((32768, 1024), (32768, 4096), (1024, 262144)):
+        for p, tbps in (("pallas", pallas_fwd_tbps), ("torch_native", 2.0), ("xla_formula", 1.0)):
             for mode in ("fwd", "bwd", "fwd+bwd"):
                 t = tbps if mode == "fwd" else 2.8
-                rows.append(dict(provider=p, mode=mode, m=32768, n=n, us=1.0, tbps=t, pct_copy=100 * t / 3.0,
+                rows.append(dict(provider=p, mode=mode, m=m, n=n, us=1.0, tbps=t, pct_copy=100 * t / 3.0,
                                  peak_mb=64.0))
-    rows.append(dict(provider="pallas bridge: launch", mode="fwd", m=8, n=4096, us=30.0, small=True))
-    rows.append(dict(provider="torch F.rms_norm", mode="fwd", m=8, n=4096, us=20.0, small=True))
-    rows.append(dict(provider="HF formula, eager", mode="fwd", m=32768, n=4096, error="OutOfMemoryError: ..."))
+    rows.append(dict(provider="pallas_launch", mode="fwd", m=8, n=4096, us=30.0, small=True))
+    rows.append(dict(provider="torch_native", mode="fwd", m=8, n=4096, us=20.0, small=True))
+    rows.append(dict(provider="hf_eager", mode="fwd", m=32768, n=4096, error="OutOfMemoryError: ..."))
     return dict(env=ENV, rows=rows)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_cli_without_gpu_says_so_and_exits_cleanly(capsys):
-    assert bench_cli.main([]) == 0
-    assert "no CUDA GPU" in capsys.readouterr().out
+@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"]])
+def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
+    assert bench_cli.main(argv) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
 
 
 def test_render_writes_table_csv_and_plot(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(fake_run(2.95)))
     md, csv_path, png = bench_cli.render([str(path)], tmp_path / "out")
+    assert md.name == "bench_h100_bfloat16_llama.md"  # named by the GPU of the run
     text = md.read_text()
-    assert "fwd ≥ 97% of copy (2.91 TB/s), every N at M=32768 | worst 2.95 TB/s (98%)" in text
-    assert "| bridge (launch) small call ≤ 2× torch native latency | 1.5× – 1.5× | ✓ |" in text
-    assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%) | 1.00 (33%) |" in text and "err" in text
+    assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.95 TB/s (98%) at 32768×1024 | ✓ |" in text
+    assert "| Pallas IR launched by torch: small call ≤ 2× torch F.rms_norm | 1.5× – 1.5× | ✓ |" in text
+    assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%) | 1.00 (33%) | err |" in text
+    assert "| M×N | Pallas in JAX | torch F.rms_norm | XLA (jit of jnp formula) | HF formula, eager |" in text
     rows = list(csv.DictReader(csv_path.open()))
     assert {"gpu", "driver", "jax", "torch", "triton", "date", "copy_tbps"} <= set(rows[0])
-    assert rows[0]["gpu"] == ENV["gpu"] and png.stat().st_size > 10_000
+    assert rows[0]["gpu"] == ENV["gpu"] and rows[0]["provider"] == "pallas" and png.stat().st_size > 10_000
 
 
 def test_targets_mark_a_miss():
     lines = "\n".join(report.targets(fake_run(2.5)))
-    assert "worst 2.50 TB/s (83%) at N=1024 | ✗" in lines
-    assert "Pallas ≥ 2× XLA (jnp formula), every shape and mode | 1.00× – 2.50× | ✗" in lines  # bwd ties XLA
+    assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024 | ✗ |" in lines
+    assert "| fwd ≥ 80% of copy, every shape | worst 2.50 TB/s (83%) at 32768×1024 | ✓ |" in lines
+    assert "| fwd: at least the best peer at every shape | behind at 0/3 | ✓ |" in lines
+    behind = "\n".join(report.targets(fake_run(1.5)))
+    assert "| fwd: at least the best peer at every shape | behind at 3/3: 32768×1024 (torch F.rms_norm 2.00 vs " \
+           "1.50)" in behind
+
+
+def test_names_and_file_names():
+    assert names.label("pallas_dlpack") == "Pallas via DLPack" and names.label("liger") == "Liger"
+    assert [timing.gpu_slug(g) for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla V100-SXM2-16GB")] == [
+        "h100", "h200", "tesla"]

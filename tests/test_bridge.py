@@ -11,66 +11,24 @@ import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-import pallas_norm
-from test_triton import DEVICE, make_inputs
-from torch_bridge import RMSNorm, dlpack_route, jax_device, launch_route, pallas_ops, rms_norm
+from torch_bridge import RMSNorm, custom_ops, dlpack_route, jax_device, launch_route, rms_norm
 
-HAS_CUDA = DEVICE == "cuda"
-JAX_IMPL = "pallas" if HAS_CUDA else "interpret"
+from helpers import DEVICE, HAS_CUDA, assert_same_bits, bits, jax_results, torch_inputs, torch_results
+
 PALLAS_BACKENDS = ("pallas", "pallas_launch") if HAS_CUDA else ("pallas",)  # every route; "pallas" is DLPack
-_JAX_DTYPE = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16, torch.float16: jnp.float16}
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
-def to_jnp(t: torch.Tensor) -> jax.Array:
-    """Same values as a JAX array on JAX's default device (exact: float32 holds every 16-bit value)."""
-    return jnp.asarray(t.detach().float().cpu().numpy()).astype(_JAX_DTYPE[t.dtype])
-
-
-def bits(a) -> np.ndarray:
-    """Raw bit patterns, so NaNs and signed zeros compare exactly."""
-    if isinstance(a, torch.Tensor):
-        return a.detach().cpu().view(_INT_VIEW[a.dtype]).numpy()
-    a = np.asarray(a)
-    return a.view(np.int32 if a.dtype == np.float32 else np.int16)
-
-
-def jax_results(x, w, dy, **kw):
-    """(y, dx, dweight) from ``pallas_norm.rms_norm`` in JAX (dweight None without weight)."""
-    args = (to_jnp(x),) + (() if w is None else (to_jnp(w),))
-    y, vjp = jax.vjp(lambda *a: pallas_norm.rms_norm(*a, impl=JAX_IMPL, **kw), *args)
-    grads = vjp(to_jnp(dy))
-    return y, grads[0], (grads[1] if w is not None else None)
-
-
-def torch_results(x, w, dy, **kw):
-    """(y, dx, dweight) through ``torch_bridge.rms_norm`` and torch autograd."""
-    x = x.clone().requires_grad_()
-    w = None if w is None else w.clone().requires_grad_()
-    y = rms_norm(x, w, **kw)
-    grads = torch.autograd.grad(y, (x,) if w is None else (x, w), dy)
-    return y, grads[0], (grads[1] if w is not None else None)
-
-
-def assert_same_bits(ours, theirs) -> None:
-    for name, a, b in zip(("y", "dx", "dweight"), ours, theirs):
-        assert (a is None) == (b is None), name
-        if a is not None:
-            np.testing.assert_array_equal(bits(a), bits(b), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("casting,offset,with_weight", [("llama", 0.0, True), ("gemma", 1.0, True),
                                                          ("none", 0.0, True), ("llama", 0.0, False)])
 def test_bit_identical_to_jax(dtype, casting, offset, with_weight):
-    x, w, dy = make_inputs((3, 5, 160), dtype, offset, seed=1)
+    x, w, dy = torch_inputs((3, 5, 160), dtype, offset, seed=1)
     w = w if with_weight else None
     kw = dict(eps=1e-5, offset=offset, casting=casting)
     assert_same_bits(torch_results(x, w, dy, backend="pallas", **kw), jax_results(x, w, dy, **kw))
@@ -79,18 +37,18 @@ def test_bit_identical_to_jax(dtype, casting, offset, with_weight):
 @pytest.mark.parametrize("shape", [(2, 20000), (1, 7, 33)], ids=str)
 def test_bit_identical_to_jax_chunked_rows_and_mixed_weight(shape):
     """Rows longer than the resident limit (column chunks) and a float32 weight on bfloat16 x."""
-    x, w, dy = make_inputs(shape, torch.bfloat16, 0.0, weight_dtype=torch.float32, seed=2)
+    x, w, dy = torch_inputs(shape, torch.bfloat16, 0.0, weight_dtype=torch.float32, seed=2)
     assert_same_bits(torch_results(x, w, dy), jax_results(x, w, dy))
 
 
 def test_new_shapes_never_hit_a_stale_cache():
     for seed, shape in enumerate([(5, 64), (7, 64), (5, 128), (2, 3, 64), (5, 64)]):
-        x, w, dy = make_inputs(shape, torch.bfloat16, 0.0, seed=seed)
+        x, w, dy = torch_inputs(shape, torch.bfloat16, 0.0, seed=seed)
         assert_same_bits(torch_results(x, w, dy), jax_results(x, w, dy))
 
 
 def test_dlpack_is_zero_copy_both_ways():
-    x, _, _ = make_inputs((4, 64), torch.bfloat16, 0.0)
+    x, _, _ = torch_inputs((4, 64), torch.bfloat16, 0.0)
     a = dlpack_route.to_jax(x, jax_device.jax_device_for(x))
     assert a.unsafe_buffer_pointer() == x.data_ptr()
     assert dlpack_route.to_torch(a).data_ptr() == x.data_ptr()
@@ -101,24 +59,24 @@ class _InPlaceDxNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w):
-        y, rstd = pallas_ops.forward_impl(x, w, 1e-6, 0.0, "llama", "dlpack")
+        y, rstd = custom_ops.forward(x, w, 1e-6, 0.0, "llama", "pallas_dlpack")
         ctx.save_for_backward(x, w, rstd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w, rstd = ctx.saved_tensors
-        dx, dw = pallas_ops.backward_impl(dy, x, w, rstd, 0.0, "llama", "dlpack")
+        dx, dw = custom_ops.backward(dy, x, w, rstd, 0.0, "llama", "pallas_dlpack")
         return dy.copy_(dx), dw
 
 
 def inputs_survive(fn) -> bool:
     """Whether x, weight and the cotangent hold the same bits after a forward + backward through ``fn``."""
-    x, w, dy = make_inputs((17, 64), torch.bfloat16, 0.0)
+    x, w, dy = torch_inputs((17, 64), torch.bfloat16, 0.0)
     x.requires_grad_(), w.requires_grad_()
     saved = [t.detach().clone() for t in (x, w, dy)]
     fn(x, w).backward(dy)
-    return all(np.array_equal(bits(a), bits(b)) for a, b in zip((x, w, dy), saved))
+    return all((bits(a) == bits(b)).all() for a, b in zip((x, w, dy), saved))
 
 
 def test_never_writes_inputs_or_dy():
@@ -128,21 +86,23 @@ def test_never_writes_inputs_or_dy():
 
 
 def test_custom_ops_match_eager_path_and_pass_opcheck():
-    x, w, dy = make_inputs((4, 96), torch.float32, 1.0)
+    x, w, dy = torch_inputs((4, 96), torch.float32, 1.0)
     fwd = torch.ops.pallas_norm.pallas_rms_norm_fwd.default
-    y, rstd = fwd(x, w, 1e-6, 1.0, "gemma", "dlpack")
+    y, rstd = fwd(x, w, 1e-6, 1.0, "gemma", "pallas_dlpack")
     assert rstd.dtype == torch.float32 and rstd.shape == (4,)
     assert_same_bits((y,), (rms_norm(x, w, offset=1.0, casting="gemma"),))
-    torch.library.opcheck(fwd, (x.clone().requires_grad_(), w.clone().requires_grad_(), 1e-6, 1.0, "gemma", "dlpack"))
-    torch.library.opcheck(fwd, (x, None, 1e-6, 0.0, "llama", "dlpack"))
+    torch.library.opcheck(fwd, (x.clone().requires_grad_(), w.clone().requires_grad_(), 1e-6, 1.0, "gemma",
+                                "pallas_dlpack"))
+    torch.library.opcheck(fwd, (x, None, 1e-6, 0.0, "llama", "pallas_dlpack"))
     bwd = torch.ops.pallas_norm.pallas_rms_norm_bwd.default
-    torch.library.opcheck(bwd, (dy, x, w, rstd, 1.0, "gemma", "dlpack"))
-    torch.library.opcheck(bwd, (dy, x, None, rstd, 0.0, "none", "dlpack"))
+    torch.library.opcheck(bwd, (dy, x, w, rstd, 1.0, "gemma", "pallas_dlpack", True, True))
+    torch.library.opcheck(bwd, (dy, x, None, rstd, 0.0, "none", "pallas_dlpack", True, False))
+    torch.library.opcheck(bwd, (dy, x, w, rstd, 0.0, "llama", "pallas_dlpack", False, True))
 
 
 @pytest.mark.parametrize("backend", PALLAS_BACKENDS)
 def test_torch_compile_fullgraph_same_bits_as_eager(backend):
-    x, w, dy = make_inputs((2, 5, 48), torch.bfloat16, 1.0)
+    x, w, dy = torch_inputs((2, 5, 48), torch.bfloat16, 1.0)
 
     def fn(x, w):
         return rms_norm(x * 2.0, w, 1e-5, offset=1.0, casting="gemma", backend=backend) + 1.0
@@ -179,7 +139,7 @@ def checkpoint_grads(norm: torch.nn.Module, n: int = 64, reentrant: bool | None 
     block = _Block(norm, n).to(device=DEVICE, dtype=torch.bfloat16)
     with torch.no_grad():
         block.norm.weight.normal_(1.0, 0.2)
-    x, _, dy = make_inputs((6, n), torch.bfloat16, 0.0, seed=3)
+    x, _, dy = torch_inputs((6, n), torch.bfloat16, 0.0, seed=3)
     h = x.requires_grad_()
     if reentrant is None:
         out = block(h)
@@ -218,7 +178,7 @@ def test_state_dict_round_trip_with_hf_modules(hf_cls, kw):
     back = hf_cls(n, eps=1e-6)
     back.load_state_dict(ours.state_dict())
     assert torch.equal(back.weight, theirs.weight)
-    x, _, _ = make_inputs((4, n), torch.float32, 0.0, device="cpu")
+    x, _, _ = torch_inputs((4, n), torch.float32, 0.0, device="cpu")
     torch.testing.assert_close(ours.to(DEVICE)(x.to(DEVICE)).cpu(), theirs(x), rtol=1e-5, atol=1e-5)
 
 
@@ -228,13 +188,15 @@ def test_module_is_a_torch_rmsnorm_and_says_its_mode():
     assert torch.equal(m.weight, torch.zeros(32))
     assert "offset=1.0, casting='gemma', backend='pallas_dlpack'" in repr(m)
     assert RMSNorm(8, elementwise_affine=False).weight is None
-    x, _, _ = make_inputs((3, 32), torch.float32, 0.0)
+    x, _, _ = torch_inputs((3, 32), torch.float32, 0.0)
     assert torch.equal(m.to(DEVICE)(x), rms_norm(x, m.weight, 1e-5, offset=1.0, casting="gemma"))
 
 
-def test_bad_routes_for_the_pallas_backend():  # the public entry points' errors: test_error_inputs.py
-    with pytest.raises(ValueError, match="route must be one of"):
-        torch.ops.pallas_norm.pallas_rms_norm_fwd(torch.ones(2, 8), None, 1e-6, 0.0, "llama", "jax")
+def test_bad_backends_for_the_ops():  # the public entry points' errors: test_error_inputs.py
+    with pytest.raises(ValueError, match=r"backend must be one of \('pallas_launch', 'pallas_dlpack'\)"):
+        torch.ops.pallas_norm.pallas_rms_norm_fwd(torch.ones(2, 8), None, 1e-6, 0.0, "llama", "triton")
+    with pytest.raises(ValueError, match=r"backend must be one of \('triton',\)"):
+        torch.ops.pallas_norm.triton_rms_norm_fwd(torch.ones(2, 8), None, 1e-6, 0.0, "llama", "pallas_dlpack")
     if not HAS_CUDA:
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             rms_norm(torch.ones(2, 8), None, backend="pallas_launch")

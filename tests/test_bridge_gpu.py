@@ -11,9 +11,9 @@ import jax
 import pytest
 import torch
 
-from test_bridge import assert_same_bits, jax_results, torch_results
-from test_triton import check_case, make_inputs
-from torch_bridge import launch_route, pallas_ops, rms_norm
+from torch_bridge import launch_route, pallas_backends, rms_norm
+
+from helpers import assert_same_bits, check_case, jax_results, torch_inputs, torch_results
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,7 @@ SHAPES = [
 
 @pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
 def test_dlpack_route_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset, weight_dtype):
-    x, w, dy = make_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=4)
+    x, w, dy = torch_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=4)
     kw = dict(eps=1e-6, offset=offset, casting=casting)
     assert_same_bits(torch_results(x, w, dy, backend="pallas", **kw), jax_results(x, w, dy, **kw))
     torch.cuda.empty_cache()
@@ -56,7 +56,7 @@ def race_free(step, reps: int = 4, sleep_cycles: int = 40_000_000) -> bool:
     side = torch.cuda.Stream()
     ok = True
     for rep in range(reps):
-        x_src, w, dy_src = make_inputs((8, 4096), torch.bfloat16, 0.0, seed=10 + rep % 16)
+        x_src, w, dy_src = torch_inputs((8, 4096), torch.bfloat16, 0.0, seed=10 + rep % 16)
         expected = [t.clone() for t in step(x_src, w, dy_src)]
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
@@ -120,7 +120,7 @@ def memory_growth(step, calls: int) -> tuple[int, int, int]:
 @pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack", "triton"])
 def test_memory_flat_over_10k_calls(backend):
     """Device memory (torch's allocator and JAX's) unchanged and host RSS within 16 MiB over 10k fwd+bwd calls."""
-    x, w, dy = make_inputs((8, 4096), torch.bfloat16, 0.0)
+    x, w, dy = torch_inputs((8, 4096), torch.bfloat16, 0.0)
     x.requires_grad_(), w.requires_grad_()
 
     def step():
@@ -135,14 +135,14 @@ def test_memory_flat_over_10k_calls(backend):
 
 
 def test_launch_route_falls_back_to_dlpack(monkeypatch):
-    x, w, dy = make_inputs((5, 256), torch.bfloat16, 1.0, seed=7)
+    x, w, dy = torch_inputs((5, 256), torch.bfloat16, 1.0, seed=7)
 
     def unsupported(*args):
         raise launch_route.UnsupportedProgram("test: module holds stablehlo.multiply")
 
     monkeypatch.setattr(launch_route, "forward_launcher", unsupported)
     monkeypatch.setattr(launch_route, "backward_launcher", unsupported)
-    monkeypatch.setattr(pallas_ops, "_unsupported", set())
+    monkeypatch.setattr(pallas_backends, "_unsupported", set())
     kw = dict(offset=1.0, casting="gemma")
     with pytest.warns(RuntimeWarning, match="using the DLPack route"):
         fallback = torch_results(x, w, dy, backend="pallas_launch", **kw)

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import pallas_norm as pn
-from torch_bridge import parity, rms_norm
+from pallas_norm_tools import parity
+from torch_bridge import rms_norm
 
-from test_bridge import torch_results
-from test_triton import DEVICE
+from helpers import DEVICE, KERNEL, torch_inputs, torch_results
 
 EDGES = [
     parity.Case("llama", 0.0, "bfloat16", (0, 16)),
@@ -41,7 +41,7 @@ def test_edge_shapes_through_every_implementation(case):
     assert result.passed, "\n".join(result.failures)
     if 0 in case.shape:
         for name, impl in parity.implementations(DEVICE).items():
-            x, w, dy = parity.make_inputs(case.shape, case.torch_dtype, case.offset, device=DEVICE)
+            x, w, dy = torch_inputs(case.shape, case.torch_dtype, case.offset)
             y, dx, dw = impl(x, w, dy, case)
             assert y.shape == dx.shape == x.shape and dw.dtype == w.dtype, name
             assert torch.equal(dw, torch.zeros_like(w)), name
@@ -58,7 +58,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_non_contiguous_torch_inputs_give_the_contiguous_bits(layout, backend):
-    x, w, dy = parity.make_inputs((6, 96), torch.bfloat16, 1.0, seed=3, device=DEVICE)
+    x, w, dy = torch_inputs((6, 96), torch.bfloat16, 1.0, seed=3)
     kw = dict(offset=1.0, casting="gemma", backend=backend)
     x_view = LAYOUTS[layout](x.detach().requires_grad_())  # the view itself reaches the bridge (a clone would not)
     w = w.detach().requires_grad_()
@@ -76,9 +76,8 @@ def test_negatively_strided_numpy_input_to_jax():
     x = rng.standard_normal((8, 160)).astype(np.float32)[::-1, ::-1]
     w = rng.standard_normal(160).astype(np.float32)[::-1]
     assert x.strides[0] < 0 and w.strides[0] < 0
-    impl = "pallas" if jax.default_backend() == "gpu" else "interpret"
-    got = pn.rms_norm(x, w, impl=impl)
-    want = pn.rms_norm(jnp.asarray(x.copy()), jnp.asarray(w.copy()), impl=impl)
+    got = pn.rms_norm(x, w, impl=KERNEL)
+    want = pn.rms_norm(jnp.asarray(x.copy()), jnp.asarray(w.copy()), impl=KERNEL)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -86,24 +85,23 @@ def test_negatively_strided_numpy_input_to_jax():
 @pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
 def test_float32_weight_with_16bit_x(dtype, casting, offset):
     case = parity.Case(casting, offset, dtype, (7, 1000))
-    x, w, dy = parity.make_inputs(case.shape, case.torch_dtype, offset, weight_dtype=torch.float32, seed=5,
-                                  device=DEVICE)
+    x, w, dy = torch_inputs(case.shape, case.torch_dtype, offset, weight_dtype=torch.float32, seed=5)
     rounded_w = w.to(case.torch_dtype).float()
     assert not torch.equal(rounded_w, w)  # the weight really carries bits x's dtype cannot hold
     outs = {name: impl(x, w, dy, case) for name, impl in parity.implementations(DEVICE).items()}
     for name, (y, dx, dw) in outs.items():
         assert (y.dtype, dx.dtype, dw.dtype) == (x.dtype, x.dtype, torch.float32), name
-    assert all(torch.equal(a, b) for a, b in zip(outs["pallas_jax"], outs["pallas_bridge"]))
+    assert all(torch.equal(a, b) for a, b in zip(outs[KERNEL], outs["pallas_dlpack"]))
     if casting != "none":  # "none" rounds the weight to x's dtype by definition
-        y_rounded_weight = parity.bridge("pallas")(x, rounded_w, dy, case)[0]
-        assert not torch.equal(outs["pallas_bridge"][0], y_rounded_weight)
+        y_rounded_weight = parity.bridge("pallas_dlpack")(x, rounded_w, dy, case)[0]
+        assert not torch.equal(outs["pallas_dlpack"][0], y_rounded_weight)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # Triton's interpreter: inf·0
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("value", [float("inf"), float("-inf")])
 def test_inf_stays_in_its_row(value, backend):
-    x, w, dy = parity.make_inputs((5, 300), torch.float16, 0.0, seed=6, device=DEVICE)
+    x, w, dy = torch_inputs((5, 300), torch.float16, 0.0, seed=6)
     poisoned = x.clone()
     poisoned[2, 17] = value
     clean, bad = (torch_results(t, w, dy, backend=backend, casting="llama") for t in (x, poisoned))

@@ -22,11 +22,9 @@ from flax import nnx
 
 import pallas_norm as pn
 import torch_bridge
-from torch_bridge.tiny_models import tiny_model
+from pallas_norm_tools.tiny_models import tiny_model
 
-from test_triton import DEVICE
-
-JAX_IMPL = "pallas" if jax.default_backend() == "gpu" else "interpret"
+from helpers import DEVICE, KERNEL as JAX_IMPL
 
 
 @dataclasses.dataclass(frozen=True)

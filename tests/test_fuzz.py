@@ -1,6 +1,6 @@
 """Property-based fuzzing (hypothesis): random shapes, dtypes, casting modes, offsets, eps and magnitudes through
 both stacks — Pallas in JAX, XLA in JAX, Pallas through the bridge, the Triton kernel (and HF's module where the
-mode is one) — each within the float64-reference rule, bridge ≡ JAX bit for bit (``torch_bridge.parity``).
+mode is one) — each within the float64-reference rule, bridge ≡ JAX bit for bit (``pallas_norm_tools.parity``).
 
 Bounded and derandomized (a fixed example sequence, no database), so CI time stays small and a failure reproduces.
 On CPU the kernels run interpreted; each new hidden size compiles anew, so N is drawn from a small set plus a
@@ -14,9 +14,9 @@ import math
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from torch_bridge import parity
+from pallas_norm_tools import parity
 
-from test_triton import DEVICE
+from helpers import DEVICE
 
 EXAMPLES = 30 if DEVICE == "cpu" else 60
 MAX_LOG10_SCALE = {"float32": 6, "bfloat16": 6, "float16": 2}  # float16: rows up to ~e²·4σ·10² stay finite

@@ -18,11 +18,11 @@ import pytest
 import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from torch_bridge.tiny_models import tiny_model, tokens
-from test_triton import DEVICE
+from pallas_norm_tools.tiny_models import tiny_model, tokens
 from torch_bridge import patch_hf_model, rms_norm, rms_norm_ref_backward
 
-HAS_CUDA = DEVICE == "cuda"
+from helpers import DEVICE, HAS_CUDA, rel_err
+
 SIZE = dict(hidden=256, batch=4, length=128) if HAS_CUDA else dict(hidden=64, batch=2, length=16)
 BACKENDS = ("pallas", "pallas_launch", "triton") if HAS_CUDA else ("pallas", "triton")
 # float32 models: ours and HF's norms differ only in the order of float32 sums (~1e-7 relative per norm); three
@@ -47,11 +47,6 @@ def install_norms(model: torch.nn.Module, variant: str, hf_cls_name: str, broken
     return [] if variant == "hf" else patch_hf_model(model, backend=variant)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
 # --- Gemma2 sandwich norms -----------------------------------------------------------------------------------------
 
 class _WritesDxIntoDy(torch.autograd.Function):
@@ -66,7 +61,7 @@ class _WritesDxIntoDy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        dx, dw = rms_norm_ref_backward(dy, x, w, ctx.eps, offset=1.0, casting="gemma", compute_dtype=torch.float32)
+        dx, dw = rms_norm_ref_backward(dy, x, w, ctx.eps, offset=1.0, casting="gemma")
         return dy.copy_(dx), dw, None
 
 

@@ -16,18 +16,12 @@ import pytest
 from flax import nnx
 
 import pallas_norm as pn
-from pallas_norm.tiny_lm import TinyDecoder
+from pallas_norm_tools.tiny_lm import TinyDecoder
 
-ON_GPU = jax.default_backend() == "gpu"
-KERNEL = "pallas" if ON_GPU else "interpret"
+from helpers import KERNEL, ON_GPU, rel_err
+
 SIZE = dict(d=256, vocab=512, batch=4, length=128) if ON_GPU else dict(d=64, vocab=128, batch=2, length=16)
 RTOL_F32 = 1e-4  # as in test_hf_models: float32 sum-order differences (~1e-7) amplified by a few layers and steps
-
-
-def rel_err(a: jax.Array, b: jax.Array) -> float:
-    """max |a - b| / max |b|."""
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-    return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
 
 
 def token_ids(seed: int = 0) -> jax.Array:

@@ -13,9 +13,9 @@ import contextlib
 import pytest
 import torch
 
-from test_bridge import torch_results
-from test_triton import make_inputs
-from torch_bridge import jax_device, pallas_ops
+from torch_bridge import custom_ops, jax_device
+
+from helpers import torch_inputs, torch_results
 
 pytestmark = pytest.mark.gpu
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def two_gpus() -> None:
 def test_tensors_on_the_other_gpu_leave_the_current_device_alone(backend):
     two_gpus()
     for current, data in ((0, 1), (1, 0), (1, 1)):
-        x, w, dy = make_inputs((64, 1024), torch.bfloat16, 0.0, seed=data, device=f"cuda:{data}")
+        x, w, dy = torch_inputs((64, 1024), torch.bfloat16, 0.0, seed=data, device=f"cuda:{data}")
         torch.cuda.set_device(data)
         alone = [t.clone() for t in torch_results(x, w, dy, backend=backend)]
         torch.cuda.set_device(current)
@@ -45,12 +45,12 @@ def test_tensors_on_the_other_gpu_leave_the_current_device_alone(backend):
 def test_a_bridge_without_the_device_guard_is_caught(monkeypatch):
     """Deliberately broken: no switch to x's GPU, so torch refuses the DLPack export from the other GPU."""
     two_gpus()
-    monkeypatch.setattr(pallas_ops, "current_device_of", lambda t: contextlib.nullcontext())
-    x, w, dy = make_inputs((64, 1024), torch.bfloat16, 0.0, device="cuda:1")
+    monkeypatch.setattr(custom_ops, "current_device_of", lambda t: contextlib.nullcontext())
+    x, w, dy = torch_inputs((64, 1024), torch.bfloat16, 0.0, device="cuda:1")
     torch.cuda.set_device(0)
     with pytest.raises(BufferError, match="different CUDA device"):
         torch_results(x, w, dy, backend="pallas")
-    assert jax_device.current_device_of is not pallas_ops.current_device_of
+    assert jax_device.current_device_of is not custom_ops.current_device_of
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 import torch_bridge
+from pallas_norm_tools.tiny_models import FAMILIES, tiny_model, tokens
 from torch_bridge import hf
-from torch_bridge.tiny_models import FAMILIES, tiny_model, tokens
 
-from test_hf_models import rel_err
-from test_triton import DEVICE
+from helpers import DEVICE, rel_err
 
 MODES = {"gemma": ("gemma", 1.0), "gemma2": ("gemma", 1.0), "gemma3": ("gemma", 1.0)}
 RTOL = 1e-5  # float32 logits: the norms' sums run in another order (~1e-7 relative), through two small layers

@@ -11,8 +11,7 @@ import threading
 import pytest
 import torch
 
-from test_bridge import jax_results, torch_results
-from test_triton import make_inputs
+from helpers import jax_results, torch_inputs, torch_results
 
 pytestmark = pytest.mark.gpu
 BACKENDS = ["pallas_dlpack", "pallas_launch", "triton"]
@@ -22,7 +21,7 @@ BACKENDS = ["pallas_dlpack", "pallas_launch", "triton"]
 def test_two_threads_on_their_own_streams(backend):
     """Two Python threads call the bridge concurrently (first compiles included) on different data and shapes,
     each on its own stream, 200 times; every result equals the one computed afterwards in a single thread."""
-    inputs = [make_inputs((64 + 8 * t, 2048 + 512 * t), torch.bfloat16, 0.0, seed=20 + t) for t in range(2)]
+    inputs = [torch_inputs((64 + 8 * t, 2048 + 512 * t), torch.bfloat16, 0.0, seed=20 + t) for t in range(2)]
     results: list[list | None] = [None, None]
     errors: list[str] = []
 
@@ -61,9 +60,9 @@ DETERMINISM = [((32768, 4096), torch.bfloat16), ((1024, 65536), torch.bfloat16),
 def test_bitwise_deterministic_across_runs(shape, dtype):
     """y, dx and dweight (the multi-program reduction) identical bit for bit over 5 runs: Pallas in JAX, the
     bridge's two routes, and the Triton kernel."""
-    x, w, dy = make_inputs(shape, dtype, 1.0, seed=30)
+    x, w, dy = torch_inputs(shape, dtype, 1.0, seed=30)
     kw = dict(eps=1e-6, offset=1.0, casting="gemma")
-    runs = {"pallas_jax": lambda: [torch.from_dlpack(a) for a in jax_results(x, w, dy, **kw)]}
+    runs = {"pallas": lambda: [torch.from_dlpack(a) for a in jax_results(x, w, dy, **kw)]}
     runs.update({b: (lambda b=b: list(torch_results(x, w, dy, backend=b, **kw))) for b in BACKENDS})
     for name, run in runs.items():
         first = bits(run())

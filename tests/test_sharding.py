@@ -22,7 +22,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 import pallas_norm as pn
 from pallas_norm import sharding
 
-from test_pallas import make_inputs
+from helpers import jax_inputs
 
 F32 = jnp.float32
 CPUS = jax.devices("cpu")
@@ -32,8 +32,8 @@ RESHARDING = re.compile(r"\b(all-gather|all-to-all|collective-permute)")
 
 
 def cpu_inputs(shape, dtype, offset: float, seed: int = 0) -> tuple:
-    """``make_inputs`` on the first CPU device: CPU tests compare CPU runs only, also on a GPU machine."""
-    return jax.device_put(make_inputs(shape, dtype, offset, seed=seed), CPUS[0])
+    """``jax_inputs`` on the first CPU device: CPU tests compare CPU runs only, also on a GPU machine."""
+    return jax.device_put(jax_inputs(shape, dtype, offset, seed=seed), CPUS[0])
 
 
 def replicated(a: jax.Array, mesh: Mesh) -> jax.Array:
@@ -252,7 +252,7 @@ def gpus() -> list:
 def test_gpu_rows_sharded_match_one_device(dtype, casting, offset):
     devices = gpus()
     mesh = make_mesh((2,), ("data",), devices)
-    x, weight, dy = make_inputs((4, 256, 1024), dtype, offset, seed=9)
+    x, weight, dy = jax_inputs((4, 256, 1024), dtype, offset, seed=9)
     kw = dict(eps=1e-6, offset=offset, casting=casting)
     step = grads("pallas", **kw)
     x_sh = NamedSharding(mesh, P("data"))
@@ -271,7 +271,7 @@ def test_gpu_rows_sharded_match_one_device(dtype, casting, offset):
 def test_gpu_shard_map_matches_one_device():
     devices = gpus()
     mesh = make_mesh((2,), ("data",), devices)
-    x, weight, dy = make_inputs((2, 512, 1024), jnp.bfloat16, 0.0, seed=10)
+    x, weight, dy = jax_inputs((2, 512, 1024), jnp.bfloat16, 0.0, seed=10)
     norm = jax.shard_map(lambda x, w: pn.rms_norm(x, w, impl="pallas"), mesh=mesh, in_specs=(P("data"), P()),
                          out_specs=P("data"), check_vma=False)
     y, vjp = jax.vjp(jax.jit(norm), x, weight)

@@ -10,9 +10,7 @@ from flax import nnx
 
 import pallas_norm as pn
 
-from test_pallas import make_inputs
-
-KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"  # the Pallas kernel, interpreted on CPU
+from helpers import KERNEL, jax_inputs
 
 
 def loss_fn(impl, **kw):
@@ -20,7 +18,7 @@ def loss_fn(impl, **kw):
 
 
 def test_jit_and_grad_match_vjp():
-    x, w, dy = make_inputs((4, 6, 96), jnp.float32, 0.0, seed=10)
+    x, w, dy = jax_inputs((4, 6, 96), jnp.float32, 0.0, seed=10)
     f = loss_fn(KERNEL, casting="gemma", offset=0.5)
     gx, gw = jax.jit(jax.grad(f, argnums=(0, 1)))(x, w, dy)
     _, vjp = jax.vjp(lambda x, w: pn.rms_norm(x, w, impl=KERNEL, casting="gemma", offset=0.5), x, w)
@@ -30,7 +28,7 @@ def test_jit_and_grad_match_vjp():
 
 
 def test_vmap_forward_and_backward():
-    x, w, dy = make_inputs((3, 5, 64), jnp.bfloat16, 0.0, seed=11)
+    x, w, dy = jax_inputs((3, 5, 64), jnp.bfloat16, 0.0, seed=11)
     f = lambda x, w: pn.rms_norm(x, w, impl=KERNEL)
     np.testing.assert_array_equal(np.asarray(jax.vmap(f, (0, None))(x, w)), np.asarray(f(x, w)))
     # Per-example weight gradients under vmap equal one gradient per example computed alone.
@@ -48,7 +46,7 @@ def test_vmap_forward_and_backward():
 
 
 def test_checkpoint_recomputes_with_the_named_kernel():
-    x, w, dy = make_inputs((8, 128), jnp.float32, 0.0, seed=12)
+    x, w, dy = jax_inputs((8, 128), jnp.float32, 0.0, seed=12)
     f = lambda x, w: jnp.sum(jax.checkpoint(lambda x, w: pn.rms_norm(x, w, impl=KERNEL))(x, w) * dy)
     jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
     assert jaxpr.count("pallas_norm_fwd") >= 1 and "pallas_norm_bwd" in jaxpr
@@ -60,7 +58,7 @@ def test_checkpoint_recomputes_with_the_named_kernel():
 
 
 def test_cotangent_is_not_modified():
-    x, w, dy = make_inputs((16, 200), jnp.bfloat16, 0.0, seed=13)
+    x, w, dy = jax_inputs((16, 200), jnp.bfloat16, 0.0, seed=13)
     dy_host = np.asarray(dy).copy()
     _, vjp = jax.vjp(lambda x, w: pn.rms_norm(x, w, impl=KERNEL), x, w)
     jax.block_until_ready(vjp(dy))

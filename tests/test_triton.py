@@ -1,71 +1,27 @@
-"""Triton RMSNorm (``torch_bridge.rms_norm``) against docs/semantics.md, on CPU through Triton's interpreter.
-
-Accuracy rule (flash-attention style): against the float64 reference (the real-number function, no roundings),
-the kernel's max error is at most 2x the naive float32 formula's (same rounding points) + an atol of float32
-summation size (sqrt(N) for y and dx, sqrt(M) for dweight) times the magnitude of the terms (dx cancels). Rounding points are checked separately: for
-16-bit dtypes the kernel must agree with the naive formula except for rare one-ulp flips.
+"""Triton RMSNorm (``torch_bridge.rms_norm(backend="triton")``) against docs/semantics.md, on CPU through Triton's
+interpreter, held to the accuracy rule of ``pallas_norm.accuracy`` (error bound against the float64 reference and
+the naive formula's rounding points).
 """
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from torch_bridge import BACKENDS, parity, rms_norm_ref, rms_norm_ref_backward, triton_kernels
-from torch_bridge.reference import rms_norm_ref_outputs
-from torch_bridge.tolerance import assert_accurate, assert_same_rounding_points, atol_for, term_scales
-from torch_bridge import rms_norm as _rms_norm
+from pallas_norm import accuracy
+from torch_bridge import BACKENDS, rms_norm_ref, rms_norm_ref_backward, triton_config, triton_kernels
+from torch_bridge.numpy_io import to_numpy
 
-rms_norm = functools.partial(_rms_norm, backend="triton")
+from helpers import DEVICE, TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, torch_results
+from helpers import triton_rms_norm
 
 CASTINGS = ("llama", "gemma", "none")
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run under TRITON_INTERPRET
-
-
-def make_inputs(shape, dtype, offset, weight_dtype=None, seed=0, device=DEVICE):
-    """``torch_bridge.parity.make_inputs`` on the test device by default."""
-    return parity.make_inputs(shape, dtype, offset, weight_dtype, seed, device)
+rms_norm = triton_rms_norm()
 
 
 def run_kernel(x, w, dy, backend="triton", **kw):
     """Forward + backward through autograd; returns (y, dx, dweight)."""
-    x = x.clone().requires_grad_()
-    w = None if w is None else w.clone().requires_grad_()
-    y = _rms_norm(x, w, backend=backend, **kw)
-    grads = torch.autograd.grad(y, (x,) if w is None else (x, w), dy)
-    return y.detach(), grads[0], (grads[1] if w is not None else None)
-
-
-def run_ref(x, w, dy, compute_dtype, **kw):
-    return rms_norm_ref_outputs(x, w, dy, compute_dtype=compute_dtype, **kw)
-
-
-def check_case(shape, dtype, casting, offset, weight_dtype=None, with_weight=True, seed=0, backend="triton",
-               rounding_points=True):
-    """Forward and backward of one case: accuracy vs float64 and (``rounding_points``) the naive formula's
-    rounding points."""
-    x, w, dy = make_inputs(shape, dtype, offset, weight_dtype, seed)
-    w = w if with_weight else None
-    kw = dict(eps=1e-6, offset=offset, casting=casting)
-    out = run_kernel(x, w, dy, backend=backend, **kw)
-    naive = run_ref(x, w, dy, torch.float32, **kw)
-    ref = run_ref(x, w, dy, torch.float64, **kw)
-    n, m = shape[-1], x.numel() // shape[-1]
-    assert out[0].dtype == dtype and out[1].dtype == dtype
-    scales = term_scales(x, w, dy, offset)
-    for name, o, nv, r, red, sc in zip(("y", "dx", "dweight"), out, naive, ref, (n, n, m), scales):
-        if o is None:
-            assert not with_weight and name == "dweight"
-            continue
-        assert_accurate(name, o, nv, r, red, sc)
-    if rounding_points:
-        assert_same_rounding_points("y", out[0], naive[0], atol_for(n, scales[0]))
-        assert_same_rounding_points("dx", out[1], naive[1], atol_for(n, scales[1]))
-    if with_weight:
-        assert out[2].dtype == w.dtype
+    return torch_results(x, w, dy, backend=backend, **kw)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])
@@ -100,28 +56,41 @@ def test_float32_weight_with_16bit_x(dtype, casting):
     check_case((65, 300), dtype, casting, 1.0 if casting == "gemma" else 0.0, weight_dtype=torch.float32)
 
 
+CHUNKED = triton_config.Config(block_m=1, block_n=256, num_warps=1, rowdot_block_n=256, rowdot_warps=1)
+
+
 @pytest.mark.parametrize("n", [300, 1000])
 @pytest.mark.parametrize("casting", CASTINGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_column_chunk_paths(monkeypatch, dtype, casting, n):
-    """Long-row paths (two passes over column chunks, row-dot pre-pass in the backward) forced at small N."""
-    monkeypatch.setattr(triton_kernels, "FUSED_MAX_N", 128)
-    monkeypatch.setattr(triton_kernels, "CHUNK_N", 256)
-    check_case((9, n), dtype, casting, 1.0 if casting == "gemma" else 0.0)
+def test_column_chunk_paths(dtype, casting, n):
+    """Long-row paths (two passes over column chunks, row-dot pre-pass in the backward) forced at small N by a
+    config passed to the kernels."""
+    assert CHUNKED.chunked(n) and not triton_config.backward_config(n).chunked(n)
+    offset = 1.0 if casting == "gemma" else 0.0
+    x, w, dy = torch_inputs((9, n), dtype, offset)
+    kw = dict(offset=offset, casting=casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=CHUNKED, **kw)
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=CHUNKED)
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        triton_config.Config(block_m=1, block_n=300, num_warps=4)
 
 
 def test_castings_differ_in_bfloat16():
     """The rounding-point check has teeth: the three naive formulas disagree on many bf16 elements."""
-    x, w, _ = make_inputs((64, 256), torch.bfloat16, 0.0)
-    ys = [rms_norm_ref(x, w, casting=c, compute_dtype=torch.float32) for c in CASTINGS]
-    assert (ys[0] != ys[1]).float().mean() > 0.05 and (ys[0] != ys[2]).float().mean() > 0.05
+    x, w, dy = (to_numpy(t) for t in torch_inputs((64, 256), torch.bfloat16, 0.0))
+    ys = [accuracy.reference(x, w, dy, eps=1e-6, offset=0.0, casting=c).naive["y"] for c in CASTINGS]
+    assert (ys[0] != ys[1]).mean() > 0.05 and (ys[0] != ys[2]).mean() > 0.05
 
 
 @pytest.mark.parametrize("casting", CASTINGS)
 @pytest.mark.parametrize("with_weight,offset", [(True, 0.0), (True, 1.0), (False, 0.0)])
 def test_gradcheck_float64(casting, with_weight, offset):
-    x, w, _ = make_inputs((3, 7), torch.float64, offset)
-    x.requires_grad_()
+    x, w, _ = torch_inputs((3, 7), torch.float32, offset)
+    x, w = x.double().requires_grad_(), w.double()
     inputs = (x, w.requires_grad_()) if with_weight else (x,)
 
     def fn(*args):
@@ -131,7 +100,7 @@ def test_gradcheck_float64(casting, with_weight, offset):
 
 
 def test_float64_reference_autograd_matches_explicit_backward():
-    x, w, dy = make_inputs((5, 33), torch.float64, 1.0)
+    x, w, dy = (t.double() for t in torch_inputs((5, 33), torch.float32, 1.0))
     x.requires_grad_(), w.requires_grad_()
     y = rms_norm_ref(x, w, offset=1.0, casting="gemma")
     dx, dw = torch.autograd.grad(y, (x, w), dy)
@@ -145,19 +114,19 @@ class _InPlaceDxRmsNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w):
-        y, rstd = torch.ops.pallas_norm.triton_rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+        y, rstd = torch.ops.pallas_norm.triton_rms_norm_fwd(x, w, 1e-6, 0.0, "llama", "triton")
         ctx.save_for_backward(x, w, rstd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w, rstd = ctx.saved_tensors
-        dx, dw = torch.ops.pallas_norm.triton_rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+        dx, dw = torch.ops.pallas_norm.triton_rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", "triton", True, True)
         return dy.copy_(dx), dw
 
 
 def dy_survives_backward(fn) -> bool:
-    x, w, dy = make_inputs((17, 64), torch.bfloat16, 0.0)
+    x, w, dy = torch_inputs((17, 64), torch.bfloat16, 0.0)
     x.requires_grad_(), w.requires_grad_()
     saved = dy.clone()
     fn(x, w).backward(dy)
@@ -171,16 +140,16 @@ def test_backward_never_writes_into_dy():
 
 def test_residual_branch_gradient_is_intact():
     """Gemma2-style residual: h + norm(h); the cotangent reaching both branches must stay correct."""
-    x, w, dy = make_inputs((9, 64), torch.float32, 1.0)
+    x, w, dy = torch_inputs((9, 64), torch.float32, 1.0)
     h = x.clone().requires_grad_()
     (h + rms_norm(h, w, offset=1.0, casting="gemma")).backward(dy)
-    dx_ref, _ = rms_norm_ref_backward(dy, x, w, offset=1.0, casting="gemma", compute_dtype=torch.float32)
+    dx_ref, _ = rms_norm_ref_backward(dy, x, w, offset=1.0, casting="gemma")
     torch.testing.assert_close(h.grad, dy + dx_ref, rtol=1e-5, atol=1e-5)
 
 
 def test_inputs_not_mutated_and_noncontiguous_x():
-    base, _, _ = make_inputs((6, 128), torch.bfloat16, 0.0)
-    _, w, _ = make_inputs((6, 64), torch.bfloat16, 0.0)
+    base, _, _ = torch_inputs((6, 128), torch.bfloat16, 0.0)
+    _, w, _ = torch_inputs((6, 64), torch.bfloat16, 0.0)
     x = base[:, ::2]
     saved_x, saved_w = x.clone(), w.clone()
     y = rms_norm(x, w)
@@ -193,7 +162,7 @@ def test_skips_unneeded_gradients(monkeypatch, x_grad, w_grad):
     calls = []
     real = triton_kernels.rms_norm_bwd
     monkeypatch.setattr(triton_kernels, "rms_norm_bwd", lambda *a: calls.append(a[-2:]) or real(*a))
-    x, w, dy = make_inputs((5, 32), torch.float32, 0.0)
+    x, w, dy = torch_inputs((5, 32), torch.float32, 0.0)
     x.requires_grad_(x_grad), w.requires_grad_(w_grad)
     rms_norm(x, w).backward(dy)
     assert calls == [(x_grad, w_grad)]
@@ -201,7 +170,7 @@ def test_skips_unneeded_gradients(monkeypatch, x_grad, w_grad):
 
 
 def test_empty_rows_give_zero_dweight():
-    x, w, dy = make_inputs((0, 16), torch.bfloat16, 0.0)
+    x, w, dy = torch_inputs((0, 16), torch.bfloat16, 0.0)
     _, dx, dw = run_kernel(x, w, dy)
     assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros_like(w))
 
@@ -209,10 +178,11 @@ def test_empty_rows_give_zero_dweight():
 def test_cpu_fallback_without_interpreter(monkeypatch):
     """Without TRITON_INTERPRET, CPU tensors take the plain-torch naive formula (same semantics)."""
     monkeypatch.setattr(triton_kernels, "INTERPRET", False)
-    x, w, dy = make_inputs((7, 50), torch.bfloat16, 1.0, device="cpu")
+    x, w, dy = torch_inputs((7, 50), torch.bfloat16, 1.0, device="cpu")
     kw = dict(offset=1.0, casting="none")
     y, dx, dw = run_kernel(x, w, dy, **kw)
-    y_n, dx_n, dw_n = run_ref(x, w, dy, torch.float32, **kw)
+    y_n = rms_norm_ref(x, w, **kw)
+    dx_n, dw_n = rms_norm_ref_backward(dy, x, w, **kw)
     assert torch.equal(y, y_n) and torch.equal(dx, dx_n) and torch.equal(dw, dw_n)
 
 
@@ -221,19 +191,19 @@ def test_backends():
 
 
 def test_custom_ops_opcheck():
-    x, w, dy = make_inputs((4, 32), torch.float32, 1.0)
+    x, w, dy = torch_inputs((4, 32), torch.float32, 1.0)
     fwd = torch.ops.pallas_norm.triton_rms_norm_fwd.default
-    torch.library.opcheck(fwd, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1.0, "gemma"))
-    torch.library.opcheck(fwd, (x.detach(), None, 1e-6, 0.0, "llama"))
-    _, rstd = fwd(x.detach(), w.detach(), 1e-6, 1.0, "gemma")
+    torch.library.opcheck(fwd, (x.requires_grad_(), w.requires_grad_(), 1e-6, 1.0, "gemma", "triton"))
+    torch.library.opcheck(fwd, (x.detach(), None, 1e-6, 0.0, "llama", "triton"))
+    _, rstd = fwd(x.detach(), w.detach(), 1e-6, 1.0, "gemma", "triton")
     bwd = torch.ops.pallas_norm.triton_rms_norm_bwd.default
-    torch.library.opcheck(bwd, (dy, x.detach(), w.detach(), rstd, 1.0, "gemma", True, True))
-    torch.library.opcheck(bwd, (dy, x.detach(), None, rstd, 0.0, "none", True, False))
+    torch.library.opcheck(bwd, (dy, x.detach(), w.detach(), rstd, 1.0, "gemma", "triton", True, True))
+    torch.library.opcheck(bwd, (dy, x.detach(), None, rstd, 0.0, "none", "triton", True, False))
 
 
 def test_torch_compile_fullgraph():
     """No graph break: the custom ops are traced through their fake kernels (aot_eager on CPU)."""
-    x, w, dy = make_inputs((2, 5, 48), torch.bfloat16, 0.0)
+    x, w, dy = torch_inputs((2, 5, 48), torch.bfloat16, 0.0)
 
     def fn(x, w):
         return rms_norm(x * 2.0, w, 1e-5, casting="llama") + 1.0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_triton import check_case, make_inputs, rms_norm
+from helpers import check_case, torch_inputs, triton_rms_norm
+
+rms_norm = triton_rms_norm()
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +33,7 @@ def test_large_shapes(shape, dtype, casting, offset):
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [(32768, 4096), (1024, 262144), (4097, 123)], ids=str)
 def test_dweight_bitwise_reproducible(shape, weight_dtype):
-    x, w, dy = make_inputs(shape, torch.bfloat16, 0.0, weight_dtype=weight_dtype)
+    x, w, dy = torch_inputs(shape, torch.bfloat16, 0.0, weight_dtype=weight_dtype)
     w.requires_grad_()
     results = []
     for _ in range(3):

@@ -12,7 +12,8 @@ other torch streams than the current one needs ``Tensor.record_stream``-style ca
 
 One ``jax.jit`` function per (kind, mode, impl), cached; jit compiles once per shape and dtypes and its C++
 dispatch is the fastest way into the executable: a call is one import per input, one dispatch, one export
-per output.
+per output. Tensors come in any leading shape (contiguous, at least one row): the reshape to the kernels' 2-D
+happens inside the jitted function, where XLA makes it a free bitcast.
 """
 
 from __future__ import annotations
@@ -22,15 +23,8 @@ import functools
 import jax
 import torch
 
-from pallas_norm import api
+from pallas_norm import api, compat
 from torch_bridge.jax_device import jax_device_for
-
-try:  # jax.dlpack.from_dlpack's own work without its Python layers (~40 µs a tensor on the H100 host)
-    from jax._src.lib import _jax as _jax_lib
-
-    _import_buffer = _jax_lib.dlpack_managed_tensor_to_buffer
-except (ImportError, AttributeError):  # another JAX version: the public function (same semantics, slower)
-    _import_buffer = None
 
 _KDL_CUDA = 2
 
@@ -47,10 +41,11 @@ def to_jax(t: torch.Tensor, device: jax.Device) -> jax.Array:
     For CUDA tensors torch makes JAX's stream wait for the work queued on torch's current stream.
     """
     t = t.detach()
-    if _import_buffer is None or not t.is_cuda:
+    import_buffer = compat.dlpack_importer() if t.is_cuda else None  # the public function's core, when present
+    if import_buffer is None:
         return jax.dlpack.from_dlpack(t, device=device, copy=False)
     stream = _ready_stream(device)
-    return _import_buffer(t.__dlpack__(stream=stream), device, stream, False, _KDL_CUDA)
+    return import_buffer(t.__dlpack__(stream=stream), device, stream, False, _KDL_CUDA)
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:

@@ -17,11 +17,9 @@ import warnings
 
 import torch
 
+from pallas_norm import accuracy, registry
 from torch_bridge.module import RMSNorm
-from torch_bridge.ops import BACKENDS
-from torch_bridge.parity import torch_grads
-from torch_bridge.reference import rms_norm_ref_outputs
-from torch_bridge.tolerance import accuracy_failure, atol_for, rounding_point_failure, term_scales
+from torch_bridge.numpy_io import autograd_outputs, from_numpy, numpy_dtype, to_numpy
 
 # class name -> (casting, offset, attribute holding eps)
 KNOWN_NORMS: dict[str, tuple[str, float, str]] = {
@@ -51,30 +49,24 @@ def _replacement(module: torch.nn.Module, backend: str) -> RMSNorm:
 
 
 def _probe_failure(original: torch.nn.Module, patched: RMSNorm) -> str | None:
-    """Forward and backward of both modules on a random probe (with a perturbed copy of the weight), each held to
-    the float64 reference of the mode the patch assumes: ours (y, dx, dweight) to the accuracy rule, the original
-    (y, dx) to the rule and to the naive formula's rounding points. A wrong mode fails the original's check."""
+    """Forward and backward of both modules on a random probe (``pallas_norm.accuracy.make_inputs`` with a
+    perturbed copy of the weight), each held to the accuracy rule of the mode the patch assumes: ours (y, dx,
+    dweight) to the bound, the original (y, dx) to the bound and the naive formula's rounding points (HF's bf16
+    Llama dweight rounds every product: not held). A wrong mode fails the original's check."""
     weight = patched.weight
-    n, dt, dev = weight.shape[0], weight.dtype, weight.device
+    n, dev = weight.shape[0], weight.device
+    x, _, dy = (from_numpy(a, dev) for a in accuracy.make_inputs((8, n), numpy_dtype(weight.dtype), scale=2.0))
     g = torch.Generator(device=dev).manual_seed(0)
-    x = (2.0 * torch.randn(8, n, generator=g, device=dev)).to(dt)
-    dy = torch.randn(8, n, generator=g, device=dev).to(dt)
-    w = (weight.detach().float() + 0.1 * torch.randn(n, generator=g, device=dev)).to(dt)
-    kw = dict(eps=patched.eps, offset=patched.offset, casting=patched.casting)
+    w = (weight.detach().float() + 0.1 * torch.randn(n, generator=g, device=dev)).to(weight.dtype)
     with torch.enable_grad():
-        ours, theirs = (torch_grads(lambda a, b, m=m: torch.func.functional_call(m, {"weight": b}, (a,)), x, w, dy)
-                        for m in (patched, original))
-    ref = rms_norm_ref_outputs(x, w, dy, **kw)
-    naive = rms_norm_ref_outputs(x, w, dy, compute_dtype=torch.float32, **kw)
-    scales = term_scales(x, w, dy, patched.offset, patched.eps)
-    for name, o, t, r, nv, k, s in zip(("y", "dx", "dweight"), ours, theirs, ref, naive, (n, n, 8), scales):
-        failure = accuracy_failure(name, o, nv, r, k, s)
-        if name != "dweight":  # HF's bf16 Llama dweight rounds every product: not held to the rule
-            failure = (failure or accuracy_failure(f"original {name}", t, nv, r, k, s)
-                       or rounding_point_failure(f"original {name}", t, nv, atol_for(k, s)))
-        if failure:
-            return failure
-    return None
+        ours, theirs = ([to_numpy(t) for t in autograd_outputs(
+            lambda a, b, m=m: torch.func.functional_call(m, {"weight": b}, (a,)), x, w, dy)]
+            for m in (patched, original))
+    ref = accuracy.reference(to_numpy(x), to_numpy(w), to_numpy(dy), eps=patched.eps, offset=patched.offset,
+                             casting=patched.casting)
+    failures = (ref.failures("", ours, rounding_points=False)
+                + ref.failures("original", theirs, only=("y", "dx")))
+    return failures[0] if failures else None
 
 
 def _set(model: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
@@ -105,8 +97,7 @@ def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: b
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    registry.torch_backend(backend)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
     patched, unknown = [], set()

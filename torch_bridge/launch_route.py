@@ -19,10 +19,8 @@ import tempfile
 
 import jax
 import torch
-from jax._src.interpreters import mlir as jax_mlir
-from jax._src.lib.mlir import ir
 
-from pallas_norm import api
+from pallas_norm import api, compat
 
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -60,15 +58,16 @@ class Program:
 
 def _ttir_text(ir_bytes: bytes) -> str:
     """The kernel's Triton IR (MLIR bytecode from Pallas) as text, which Triton's parser reads."""
-    from jax._src.lib.triton import dialect as tt_dialect
-
-    with jax_mlir.make_ir_context() as ctx:
-        tt_dialect.register_dialect(ctx)
+    make_ir_context, ir, register_triton_dialect = compat.mlir()
+    with make_ir_context() as ctx:
+        register_triton_dialect(ctx)
         return str(ir.Module.parse(ir_bytes))
 
 
-def parse_program(module: ir.Module) -> Program:
-    """Read a lowered StableHLO module made only of Triton custom calls into a ``Program``."""
+def parse_program(module) -> Program:
+    """Read a lowered StableHLO module (an MLIR ``ir.Module``) made only of Triton custom calls into a
+    ``Program``."""
+    ir = compat.mlir()[1]
     main = next(op for op in module.body.operations
                 if ir.StringAttr(op.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]

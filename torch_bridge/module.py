@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from pallas_norm.semantics import check_scalars
-from torch_bridge.ops import BACKENDS, rms_norm
+from pallas_norm import registry
+from torch_bridge.ops import rms_norm
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -24,8 +25,7 @@ class RMSNorm(torch.nn.RMSNorm):
             raise ValueError(f"normalized_shape must be a positive int or a 1-tuple (the last axis), "
                              f"got {normalized_shape!r}")
         eps, offset, casting = check_scalars(eps, offset, casting, has_weight=elementwise_affine)
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        registry.torch_backend(backend)
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
         self.offset, self.casting, self.backend = offset, casting, backend

@@ -1,15 +1,15 @@
-"""PyTorch entry point ``rms_norm``: argument checks and the choice of kernel (Pallas or the Triton reference)."""
+"""PyTorch entry point ``rms_norm``: argument checks, then the backend the registry names (``custom_ops.apply``)."""
 
 from __future__ import annotations
 
 import torch
 
+from pallas_norm import registry
 from pallas_norm.semantics import check_scalars
-from torch_bridge import pallas_ops, triton_ops  # noqa: F401  (triton_ops registers the Triton custom ops)
+from torch_bridge import custom_ops, pallas_backends, triton_backend  # noqa: F401  (the backends register their ops)
 
-BACKENDS: tuple[str, ...] = ("pallas", "pallas_launch", "pallas_dlpack", "triton")
+BACKENDS: tuple[str, ...] = registry.TORCH_BACKENDS
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_ROUTES = {"pallas": "dlpack", "pallas_dlpack": "dlpack", "pallas_launch": "launch"}
 
 
 def check_tensors(x: object, weight: object) -> None:
@@ -35,19 +35,29 @@ def check_tensors(x: object, weight: object) -> None:
         raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
 
 
+def check_backend(impl: registry.Implementation, backend: str, x: torch.Tensor, weight: torch.Tensor | None) -> None:
+    """Refuse tensors that ``impl`` (the registry's entry for the user's ``backend``) cannot run."""
+    for name, t in (("x", x), ("weight", weight)):
+        if t is not None and t.dtype == torch.float64 and not impl.float64:
+            raise TypeError(f"{name} must be float32, bfloat16 or float16 for backend={backend!r} (the Pallas "
+                            "kernels), got torch.float64; use backend='triton' for float64")
+    if impl.cuda_only and not x.is_cuda:
+        raise ValueError(f"backend {backend!r} needs CUDA tensors, got x on {x.device}")
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *, offset: float = 0.0,
              casting: str = "llama", backend: str = "pallas") -> torch.Tensor:
     """RMSNorm over the last axis, ``y = r(n * (weight + offset))`` per docs/semantics.md; autograd-aware.
 
     ``casting`` in ("llama", "gemma", "none"); ``offset=1.0`` with zero-initialised weights gives Gemma.
-    ``backend``:
+    ``backend`` (names in ``pallas_norm.registry``):
 
     - ``"pallas"`` (= ``"pallas_dlpack"``): the Pallas kernels run by JAX, handed the tensors through DLPack
       (zero-copy, ordered on torch's current stream): bit for bit ``pallas_norm.rms_norm``'s results. CPU
       tensors run the kernels under Pallas's interpreter;
     - ``"pallas_launch"``: CUDA only, for small calls: the same Pallas-generated kernels compiled by torch's
       Triton and launched on torch's current stream; may differ from JAX in the last bits (see
-      ``torch_bridge.pallas_ops``);
+      ``torch_bridge.pallas_backends``);
     - ``"triton"``: the Triton reference kernel (Triton's interpreter on CPU under ``TRITON_INTERPRET=1``).
 
     Output has x's dtype and shape; non-contiguous x (and weight) are copied to contiguous memory first.
@@ -55,21 +65,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     float32/bfloat16/float16; ``"triton"`` also float64.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    impl = registry.torch_backend(backend)
     check_tensors(x, weight)
-    if backend == "triton":
-        if weight is not None:
-            weight = weight.contiguous()
-        y, _ = torch.ops.pallas_norm.triton_rms_norm_fwd(x.contiguous(), weight, eps, offset, casting)
-        return y
-    for name, t in (("x", x), ("weight", weight)):
-        if t is not None and t.dtype == torch.float64:
-            raise TypeError(f"{name} must be float32, bfloat16 or float16 for backend={backend!r} (the Pallas "
-                            "kernels), got torch.float64; use backend='triton' for float64")
-    route = _ROUTES[backend]
-    if torch.compiler.is_compiling():
-        return torch.ops.pallas_norm.pallas_rms_norm_fwd(x, weight, eps, offset, casting, route)[0]
-    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-        return pallas_ops.PallasRMSNormFunction.apply(x, weight, eps, offset, casting, route)
-    return pallas_ops.forward_impl(x, weight, eps, offset, casting, route)[0]  # nothing to differentiate
+    check_backend(impl, backend, x, weight)
+    return custom_ops.apply(x, weight, eps, offset, casting, impl.name)

@@ -9,8 +9,9 @@ Row math lives in ``@triton.jit`` helpers used by both directions:
     dx   = r(rstd * (g - x32 * rstd^2 * mean(g * x32)))
     dweight = sum over rows of dy * n, float32 per-program partials summed in a fixed order.
 
-Inputs are 2-D, row-contiguous. Compute is float32 (float64 when x is float64, where every r(.) is the
-identity). On CPU the same kernels run under Triton's interpreter (``TRITON_INTERPRET=1``); its
+Inputs are contiguous with any leading shape (rows are the last axis; kernels address memory by pointer) and
+at least one row. Compute is float32 (float64 when x is float64, where every r(.) is the identity). Tiling comes
+from ``triton_config``. On CPU the same kernels run under Triton's interpreter (``TRITON_INTERPRET=1``); its
 float32->bfloat16 cast truncates, so there bfloat16 rounding is done with integer bit arithmetic (RNE).
 """
 
@@ -23,17 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
+from torch_bridge import triton_config
+from torch_bridge.triton_config import Config
+
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 CASTING_CODES: dict[str, int] = {"llama": 0, "gemma": 1, "none": 2}
-
-# Tuning knobs (module globals so tests can force the column-chunk paths on small N).
-FUSED_MAX_N: int = 16384  # rows up to this length are held in registers (one pass)
-CHUNK_N: int = 8192  # column chunk of the two-pass paths
-TILE_ELEMS: int = 4096  # elements per program tile (rows per program = TILE_ELEMS // BLOCK_N)
-BWD_PROGRAMS_PER_SM: int = 2  # persistent backward grid = this x SM count
-BWD_CHUNK_N: int = 4096  # column chunk of the long-row backward
-NUM_WARPS: int | None = None  # None: one warp per 1024 tile elements, 1..16
 
 
 def _fix_interpreter_loop_bounds() -> None:
@@ -251,76 +247,58 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tile(n: int, backward: bool = False) -> tuple[int, int, bool, int]:
-    """(BLOCK_M, BLOCK_N, chunked, num_warps) for rows of length n.
-
-    One warp per 1024 tile elements in the one-pass forward (4 x 16-byte loads per thread for 16-bit
-    dtypes), one per 512 where more state is live (backward) or more loads should be in flight (chunks).
-    """
-    if n <= FUSED_MAX_N:
-        block_n = triton.next_power_of_2(n)
-        block_m = max(1, min(64, TILE_ELEMS // block_n))
-        chunked = False
-    else:
-        block_n, block_m, chunked = CHUNK_N, 1, True
-    per_warp = 512 if (backward or chunked) else 1024
-    num_warps = NUM_WARPS or max(1, min(16, block_m * block_n // per_warp))
-    return block_m, block_n, chunked, num_warps
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    n = x.shape[-1]
+    return x.numel() // n, n
 
 
 def _common(x: torch.Tensor) -> dict:
     return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[_compute_dtype(x)], EMULATE_BF16=INTERPRET)
 
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
-                 casting: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward on a row-contiguous 2-D ``x`` [M, N]: returns (y [M, N] in x.dtype, rstd [M])."""
-    M, N = x.shape
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
+                 config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward of a contiguous ``x`` (M >= 1 rows of N): ``(y`` like x, ``rstd`` of shape ``x.shape[:-1])``."""
+    M, N = _rows(x)
+    cfg = config or triton_config.forward_config(N)
     y = torch.empty_like(x)
-    rstd = torch.empty(M, dtype=_compute_dtype(x), device=x.device)
-    if M == 0:
-        return y, rstd
-    block_m, block_n, chunked, num_warps = _tile(N)
-    grid = (triton.cdiv(M, block_m),)
+    rstd = torch.empty(x.shape[:-1], dtype=_compute_dtype(x), device=x.device)
+    grid = (triton.cdiv(M, cfg.block_m),)
     _fwd_kernel[grid](x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset,
-                      BLOCK_M=block_m, BLOCK_N=block_n, CHUNKED=chunked, HAS_WEIGHT=weight is not None,
-                      CASTING=CASTING_CODES[casting], num_warps=num_warps, **_common(x))
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N), HAS_WEIGHT=weight is not None,
+                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x))
     return y, rstd
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                 offset: float, casting: str, need_dx: bool, need_dweight: bool
+                 offset: float, casting: str, need_dx: bool, need_dweight: bool, config: Config | None = None
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Backward on row-contiguous 2-D ``x``/``dy``: returns (dx or None, dweight or None).
+    """Backward of contiguous ``x``/``dy`` (M >= 1 rows): ``(dx`` or None, ``dweight`` or None).
 
     dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials.
     """
-    M, N = x.shape
+    M, N = _rows(x)
+    cfg = config or triton_config.backward_config(N)
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
-    if M == 0 or not (need_dx or need_dweight):
-        dweight = torch.zeros_like(weight) if need_dweight else None
-        return dx, dweight
-    block_m, block_n, chunked, num_warps = _tile(N, backward=True)
     common = _common(x)
     cdt = _compute_dtype(x)
     w_arg = weight if weight is not None else x
+    chunked = cfg.chunked(N)
     c = rstd  # placeholder pointer when unused
-    if chunked:
-        block_m, block_n = 1, min(block_n, BWD_CHUNK_N)
-        num_warps = NUM_WARPS or max(1, min(16, block_n // 512))
-        if need_dx:
-            c = torch.empty(M, dtype=cdt, device=x.device)
-            _bwd_rowdot_kernel[(M,)](x, w_arg, dy, c, M, N, offset, BLOCK_M=1, BLOCK_N=CHUNK_N,
-                                     HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
-                                     num_warps=max(1, min(16, CHUNK_N // 512)), **common)
-    n_chunks = triton.cdiv(N, block_n)
-    row_blocks = triton.cdiv(M, block_m)
-    g = max(1, min(row_blocks, BWD_PROGRAMS_PER_SM * _sm_count(x) // n_chunks))
+    if chunked and need_dx:
+        c = torch.empty(M, dtype=cdt, device=x.device)
+        _bwd_rowdot_kernel[(M,)](x, w_arg, dy, c, M, N, offset, BLOCK_M=1, BLOCK_N=cfg.rowdot_block_n,
+                                 HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
+                                 num_warps=cfg.rowdot_warps, **common)
+    n_chunks = triton.cdiv(N, cfg.block_n)
+    row_blocks = triton.cdiv(M, cfg.block_m)
+    g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
     partials = torch.empty((g, N), dtype=cdt, device=x.device) if need_dweight else rstd
-    _bwd_kernel[(g, n_chunks)](x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g, triton.cdiv(row_blocks, g), offset,
-                               BLOCK_M=block_m, BLOCK_N=block_n, SINGLE=not chunked,
+    _bwd_kernel[(g, n_chunks)](x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g,
+                               triton.cdiv(row_blocks, g), offset,
+                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
                                HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
-                               CASTING=CASTING_CODES[casting], num_warps=num_warps, **common)
+                               CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **common)
     dweight = partials.sum(0).to(weight.dtype) if need_dweight else None
     return dx, dweight

@@ -1,6 +1,7 @@
-"""RMSNorm in plain ``jax.numpy`` with float32 math: the ``impl="xla"`` path and the tests' naive formula.
+"""The ``impl="xla"`` implementation: RMSNorm in plain ``jax.numpy`` with float32 math, compiled by XLA.
 
 Built from the same ``rowmath`` functions as the kernels, so the two differ only in reduction order.
+``rms_norm_reference`` is the same forward as a public, differentiable-by-autodiff function.
 """
 
 from __future__ import annotations

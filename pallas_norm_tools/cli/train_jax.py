@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pallas_norm.cli.train import VOCAB, batches, sizes
+from pallas_norm_tools.cli.training import VOCAB, batches, sizes
 
 MODES = {"gemma2": dict(sandwich=True, casting="gemma", offset=1.0),
          "llama": dict(sandwich=False, casting="llama", offset=0.0),
@@ -24,7 +24,7 @@ def make_trainer(model: str, dtype: str, *, hidden: int | None, lr: float, seed:
     from flax import nnx
 
     import pallas_norm as pn
-    from pallas_norm.tiny_lm import TinyDecoder
+    from pallas_norm_tools.tiny_lm import TinyDecoder
 
     gpu = pn.api.backend.on_gpu()
     hidden, steps = sizes(gpu, hidden, steps)

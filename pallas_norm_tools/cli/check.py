@@ -1,10 +1,11 @@
-"""``pallas-norm check``: the parity matrix (``torch_bridge.parity``) with a progress bar, a table and a verdict.
+"""``pallas-norm check``: the parity matrix (``pallas_norm_tools.parity``) with a progress bar, a table and a verdict.
 
-Each case (casting × offset × dtype × shape) runs every implementation present — Pallas in JAX, XLA in JAX,
-Pallas through the torch bridge (and the launch route on CUDA), the Triton reference kernel, and the Hugging
-Face module where the mode is one — and prints, per output (y, dx, dweight), each implementation's max abs error
-against the float64 reference next to the tolerance (2× the naive float32 formula's error + a float32 summation
-atol). HF is a peer, held to rounding points only: its errors are shown, not bounded.
+Each case (casting × offset × dtype × shape) runs every implementation of ``pallas_norm.registry`` that runs on
+the device — Pallas in JAX (compiled, or interpreted on CPU), XLA in JAX, Pallas through the torch bridge (DLPack,
+and the launch route on CUDA), the Triton reference kernel — and the Hugging Face module where the mode is one,
+and prints, per output (y, dx, dweight), each implementation's max abs error against the float64 reference next
+to the tolerance of ``pallas_norm.accuracy`` (2× the naive float32 formula's error + a float32 summation atol).
+HF is a peer, held to rounding points only: its errors are shown, not bounded.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def table(results, impls: list[str]):
     from rich import box
     from rich.table import Table
 
-    from torch_bridge.parity import OUTPUTS
+    from pallas_norm.accuracy import OUTPUTS
 
     t = Table(title="max |error| vs the float64 reference", box=box.SIMPLE_HEAD, pad_edge=False,
               caption="tolerance: 2x the naive float32 formula's error + a float32 summation atol; hf (a peer) is "
@@ -73,10 +74,10 @@ def main(*, device: str = "auto", quick: bool = False, json_path: str | None = N
     import jax
     from rich.progress import track
 
-    from pallas_norm import cli
-    from torch_bridge import parity
+    from pallas_norm_tools import parity
+    from pallas_norm_tools.cli.common import console as make_console
 
-    console = cli.console()
+    console = make_console()
     matrix = parity.cases(resolved, quick=quick)
     impls = parity.implementations(resolved)
     console.print(f"pallas-norm check: {len(matrix)} cases on {resolved} (JAX on {jax.default_backend()}; "

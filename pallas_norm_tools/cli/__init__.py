@@ -1,25 +1,32 @@
-"""The ``pallas-norm`` command line (also ``python -m pallas_norm``).
+"""The ``pallas-norm`` command line (also ``python -m pallas_norm_tools`` and ``python -m pallas_norm``).
 
     pallas-norm check  [--quick] [--device auto|cpu|cuda] [--json FILE]     # the parity matrix, both stacks
     pallas-norm bench  [python -m bench's options]                          # the benchmark suite (GPU)
     pallas-norm train  [--model llama|gemma2|qwen2] [--layers 2,4,8,16] [--steps N] [--dtype bf16]
                        [--framework torch|jax] [--out DIR]                  # patched vs unpatched training
 
-``check`` and ``train`` need the ``torch``/``hf`` extras (``train --framework jax`` the ``flax`` extra); ``bench``
-needs a CUDA GPU and a source checkout (``bench/`` is not part of the wheel). Exit codes: 0 ok, 1 a check failed
-(or training hit a NaN/Inf), 2 usage errors (no GPU for ``bench``, unknown names).
+``check`` needs the ``torch`` extra; ``train`` the ``hf`` and ``plot`` extras (``--framework jax`` only ``plot``);
+``bench`` a CUDA GPU and a source checkout (``bench/`` is not part of the wheel). A command whose extra is
+missing says which ``pip install`` brings it. Exit codes: 0 ok, 1 a check failed (or training hit a NaN/Inf),
+2 usage errors (no GPU for ``bench``, unknown names, a missing extra).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
+import subprocess
 import sys
 
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
-          "float32": "float32"}
+from pallas_norm import registry
+from pallas_norm_tools.cli.common import DTYPES, MissingExtra, fail, require
+
 MODELS = ("llama", "gemma2", "qwen2")
+NEEDS = {
+    "check": {"torch": "torch", "triton": "torch"},
+    "train torch": {"torch": "hf", "transformers": "hf", "matplotlib": "plot"},
+    "train jax": {"matplotlib": "plot"},
+}
 
 
 def _layers(text: str) -> list[int]:
@@ -36,14 +43,6 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
     return int(text)
-
-
-def console():
-    """A rich Console; 160 columns wide when writing to a file or pipe, so tables do not wrap in logs."""
-    from rich.console import Console
-
-    c = Console()
-    return c if c.is_terminal else Console(width=160)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     t.add_argument("--framework", choices=("torch", "jax"), default="torch",
                    help="torch: HF model, patch_hf_model vs unpatched; jax: Flax model, Pallas vs reference norm")
-    t.add_argument("--backend", choices=("pallas", "pallas_launch", "triton"), default="pallas",
+    t.add_argument("--backend", choices=registry.TORCH_BACKENDS, default=registry.DEFAULT_TORCH_BACKEND,
                    help="torch_bridge backend of the patched model (--framework torch)")
     t.add_argument("--hidden", type=_positive, default=None, help="hidden size (default 64 on CPU, 512 on GPU)")
     t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
@@ -74,21 +73,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _bench(argv: list[str]) -> int:
-    """Run ``python -m bench`` from the source checkout this package lives in."""
-    import torch
-
-    if not {"-h", "--help"} & set(argv) and not torch.cuda.is_available():
-        print("pallas-norm bench: no CUDA GPU here (torch.cuda.is_available() is False); the benchmark only "
-              "measures on a GPU.", file=sys.stderr)
-        return 2
+    """``python -m bench`` (its exit code) in the source checkout this package lives in; bench/ is not part of
+    the wheel and is never imported from here."""
     root = pathlib.Path(__file__).resolve().parents[2]
-    if not (root / "bench" / "suite.py").is_file():
-        print(f"pallas-norm bench: needs a source checkout (bench/ is not in the wheel); not found under {root}",
-              file=sys.stderr)
-        return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("bench.__main__").main(argv)
+    if not (root / "bench" / "__main__.py").is_file():
+        return fail(f"pallas-norm bench: needs a source checkout (bench/ is not in the wheel); not found under {root}")
+    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=root).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     args = parser().parse_args(argv)
-    if args.command == "check":
-        from pallas_norm.cli import check
-        return check.main(device=args.device, quick=args.quick, json_path=args.json)
-    from pallas_norm.cli import train
-    return train.main(args)
+    try:
+        if args.command == "check":
+            require("check", NEEDS["check"])
+            from pallas_norm_tools.cli import check
+
+            return check.main(device=args.device, quick=args.quick, json_path=args.json)
+        require(f"train --framework {args.framework}", NEEDS[f"train {args.framework}"])
+        from pallas_norm_tools.cli import train
+
+        return train.main(args)
+    except MissingExtra as err:
+        return fail(str(err))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from pallas_norm.cli.train import VOCAB, batches, sizes
+from pallas_norm_tools.cli.training import VOCAB, batches, sizes
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -21,7 +21,7 @@ def make_trainer(model: str, dtype: str, *, hidden: int | None, lr: float, seed:
     import torch
 
     import torch_bridge
-    from torch_bridge.tiny_models import tiny_model
+    from pallas_norm_tools.tiny_models import tiny_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hidden, steps = sizes(device == "cuda", hidden, steps)

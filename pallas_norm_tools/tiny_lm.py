@@ -1,4 +1,4 @@
-"""A tiny Flax NNX decoder for tests and ``pallas-norm train --framework jax`` (needs the ``flax`` extra).
+"""A tiny Flax NNX decoder for the JAX model tests and ``pallas-norm train --framework jax``.
 
 Blocks are Gemma2's sandwich (``sandwich=True``: four norms per block) or Llama's pre-norm (two norms per block);
 ``norm(d)`` builds every norm, so the same model runs with the Pallas norm or the reference norm.

@@ -1,0 +1,17 @@
+"""Provider names: ours are ``pallas_norm.registry`` names, peers have names of their own; labels are for display.
+Results (JSON, CSV) key rows by name."""
+
+from __future__ import annotations
+
+from pallas_norm import registry
+
+OURS = ("pallas", "pallas_launch", "pallas_dlpack", "triton")
+PEER_LABELS = {"torch_native": "torch F.rms_norm", "hf_eager": "HF formula, eager",
+               "hf_compile": "HF formula, torch.compile", "xla_formula": "XLA (jit of jnp formula)",
+               "liger": "Liger", "tokamax": "tokamax"}
+JAX_PEERS = ("xla_formula", "tokamax")
+
+
+def label(name: str) -> str:
+    """Display label of a provider name (ours from the registry, peers from ``PEER_LABELS``)."""
+    return PEER_LABELS.get(name, registry.label(name))

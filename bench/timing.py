@@ -1,0 +1,143 @@
+"""The benchmarks' one harness: timers, the copy ceiling, byte counts, inputs, the run's environment, file names.
+
+Timing (the device library's METHOD.md): torch callables by ``triton.testing.do_bench`` (CUDA events, warm-up,
+median, L2 flushed between calls); JAX callables by a pipelined loop of jitted calls ending in
+``block_until_ready``, after warm-up, median of repeats; host-bound small calls by back-to-back loops with one
+synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
+2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+EPS = 1e-6
+MODES = ("fwd", "bwd", "fwd+bwd")
+BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+NEEDS = "torch, triton and matplotlib (pip install 'pallas-norm[bench]')"
+
+
+def gpu_or_exit_code(prog: str) -> int | None:
+    """None when torch sees a CUDA GPU; else print why ``prog`` cannot measure and return exit code 2."""
+    try:
+        import matplotlib  # noqa: F401
+        import torch
+        import triton  # noqa: F401
+    except ImportError as err:
+        print(f"{prog}: needs {NEEDS}: {err}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"{prog}: no CUDA GPU here (torch.cuda.is_available() is False); the benchmark only measures on a "
+              "GPU.", file=sys.stderr)
+        return 2
+    return None
+
+
+def time_jax(fn: Callable, iters: int = 10, repeats: int = 5) -> float:
+    """Median seconds per op of ``fn()`` (pipelined loop, one sync per repeat; ``fn.reps`` ops per call)."""
+    import jax
+
+    jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            out = fn()
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples) / getattr(fn, "reps", 1)
+
+
+def time_torch(fn: Callable) -> float:
+    """Median seconds per call of ``fn()`` by ``triton.testing.do_bench``."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+
+
+def per_call(fn: Callable, sync: Callable, calls: int, repeats: int = 7) -> float:
+    """Median seconds per call of ``fn()`` over ``repeats`` back-to-back loops of ``calls`` calls, one ``sync``
+    each (host-bound rate for small calls; the GPU's for large ones)."""
+    for _ in range(max(10, calls // 10)):
+        out = fn()
+    sync(out)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn()
+        sync(out)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def torch_sync(_=None) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def copy_tbps(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written (torch ``copy_``, do_bench median)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    tbps = 2 * nbytes / time_torch(lambda: dst.copy_(src)) / 1e12
+    del src, dst
+    torch.cuda.empty_cache()
+    return tbps
+
+
+def tbps(mode: str, m: int, n: int, itemsize: int, seconds: float) -> float:
+    return BYTES_PER_ELEM[mode] * m * n * itemsize / seconds / 1e12
+
+
+def inputs(m: int, n: int, dtype, offset: float, seed: int | None = None):
+    """``(x, weight, dy)`` on the GPU: random data (never zeros), the weight around its init (Gemma: zeros)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n if seed is None else seed)
+    x = torch.randn(m, n, generator=g, device="cuda").to(dtype)
+    w = ((0.0 if offset else 1.0) + 0.1 * torch.randn(n, generator=g, device="cuda")).to(dtype)
+    dy = torch.randn(m, n, generator=g, device="cuda").to(dtype)
+    return x, w, dy
+
+
+def hf_formula(offset: float, casting: str) -> Callable:
+    """HF's module formula in eager torch: Gemma's for casting "gemma", else Llama's."""
+    import torch
+
+    def llama(x, w):
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+    def gemma(x, w):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * (offset + w.float())).type_as(x)
+
+    return gemma if casting == "gemma" else llama
+
+
+def environment(**extra) -> dict:
+    """GPU, driver, library versions and date of this run, plus ``extra``."""
+    import jax
+    import torch
+    import triton
+
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+    return dict(gpu=torch.cuda.get_device_name(), driver=driver, jax=jax.__version__, torch=torch.__version__,
+                triton=triton.__version__, date=str(datetime.date.today()), **extra)
+
+
+def gpu_slug(gpu: str) -> str:
+    """A file-name part for a GPU name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"."""
+    words = re.sub(r"^nvidia\s+", "", gpu.strip().lower()).split()
+    return re.sub(r"[^a-z0-9]+", "-", words[0] if words else "gpu")

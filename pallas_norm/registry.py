@@ -1,0 +1,72 @@
+"""One registry of implementation names, read by both APIs, the parity matrix, the benchmark and the CLI.
+
+Every implementation has one ``name``, used everywhere: as the JAX ``impl=``/torch ``backend=`` value (the
+two stacks' arguments), as the parity matrix's and the benchmark's key, and as the CLI's choice. ``label`` is
+for tables and plots only. Framework-free (no JAX, no torch): the PyTorch side reads it too.
+
+=================  =====  ======================================================================================
+name               stack  what runs
+=================  =====  ======================================================================================
+``pallas``         jax    the Pallas kernels, compiled (GPU)
+``interpret``      jax    the Pallas kernels run by Pallas's interpreter (any backend; CPU tests)
+``xla``            jax    the same row math as plain ``jax.numpy`` compiled by XLA
+``pallas_launch``  torch  the Pallas-generated Triton IR compiled by torch's Triton, launched on torch's stream
+``pallas_dlpack``  torch  the JAX functions of ``pallas``/``interpret`` on torch tensors through DLPack: JAX's bits
+``triton``         torch  the Triton reference kernel (also float64)
+=================  =====  ======================================================================================
+
+``torch_bridge``'s ``backend="pallas"`` is an alias of the default torch backend (today ``pallas_dlpack``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One way to compute ``rms_norm``. ``same_bits_as``: the implementation whose bits it must reproduce
+    (``"pallas"`` stands for ``"interpret"`` where the kernels run interpreted)."""
+
+    name: str
+    stack: str  # "jax" or "torch"
+    label: str
+    cuda_only: bool = False
+    float64: bool = False
+    same_bits_as: str | None = None
+
+
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    Implementation("pallas", "jax", "Pallas in JAX", cuda_only=True),
+    Implementation("interpret", "jax", "Pallas in JAX (interpreter)"),
+    Implementation("xla", "jax", "XLA in JAX"),
+    Implementation("pallas_launch", "torch", "Pallas IR launched by torch", cuda_only=True),
+    Implementation("pallas_dlpack", "torch", "Pallas via DLPack", same_bits_as="pallas"),
+    Implementation("triton", "torch", "Triton (ours)", float64=True),
+)
+BY_NAME: dict[str, Implementation] = {i.name: i for i in IMPLEMENTATIONS}
+TORCH_ALIASES: dict[str, str] = {"pallas": "pallas_dlpack"}
+DEFAULT_TORCH_BACKEND = "pallas"
+
+JAX_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.stack == "jax")
+TORCH_BACKENDS: tuple[str, ...] = (DEFAULT_TORCH_BACKEND,) + tuple(i.name for i in IMPLEMENTATIONS
+                                                                  if i.stack == "torch")
+
+
+def jax_impl(impl: object) -> str:
+    """Validate a JAX ``impl`` name (``None`` is resolved by the API)."""
+    if not isinstance(impl, str) or impl not in JAX_IMPLS:
+        raise ValueError(f"impl must be None or one of {JAX_IMPLS}, got {impl!r}")
+    return impl
+
+
+def torch_backend(backend: object) -> Implementation:
+    """The torch implementation a ``backend`` name (or alias) selects; ``ValueError`` listing the choices."""
+    if not isinstance(backend, str) or backend not in TORCH_BACKENDS:
+        raise ValueError(f"backend must be one of {TORCH_BACKENDS}, got {backend!r}")
+    return BY_NAME[TORCH_ALIASES.get(backend, backend)]
+
+
+def label(name: str) -> str:
+    """Display label of an implementation name (the name itself for names not in the registry)."""
+    return BY_NAME[name].label if name in BY_NAME else name

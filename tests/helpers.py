@@ -1,0 +1,133 @@
+"""Helpers shared by the test files: the test device, inputs for either stack, forward + backward through either
+API, bit comparisons, and the accuracy check (``pallas_norm.accuracy``) of one case. Fixtures: conftest.py."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+import pallas_norm
+from pallas_norm import accuracy
+from pallas_norm_tools import parity
+from torch_bridge import rms_norm
+from torch_bridge.numpy_io import autograd_outputs, from_numpy, numpy_dtype, to_numpy
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run under the interpreters
+HAS_CUDA = DEVICE == "cuda"
+ON_GPU = jax.default_backend() == "gpu"
+KERNEL = "pallas" if ON_GPU else "interpret"  # the Pallas kernel in JAX: compiled, or interpreted on CPU
+TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+JAX_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _np_dtype(dtype) -> np.dtype:
+    return numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(jnp.dtype(dtype).name)
+
+
+def torch_inputs(shape, dtype, offset=0.0, *, weight_dtype=None, seed=0, device=DEVICE, scale=1.0):
+    """``accuracy.make_inputs`` as torch tensors on ``device`` (``x``, ``weight``, ``dy``)."""
+    wdt = None if weight_dtype is None else _np_dtype(weight_dtype)
+    arrays = accuracy.make_inputs(shape, _np_dtype(dtype), offset, seed=seed, weight_dtype=wdt, scale=scale)
+    return tuple(from_numpy(a, device) for a in arrays)
+
+
+def jax_inputs(shape, dtype, offset=0.0, *, weight_dtype=None, seed=0, scale=1.0):
+    """``accuracy.make_inputs`` as JAX arrays on JAX's default device."""
+    wdt = None if weight_dtype is None else _np_dtype(weight_dtype)
+    arrays = accuracy.make_inputs(shape, _np_dtype(dtype), offset, seed=seed, weight_dtype=wdt, scale=scale)
+    return tuple(jnp.asarray(a) for a in arrays)
+
+
+def jax_vjp(impl, x, w, dy, **kw):
+    """``(y, dx, dweight)`` of ``pallas_norm.rms_norm(x, w, impl=impl, **kw)`` under ``jax.vjp`` (dweight None
+    without weight)."""
+    args = (x,) if w is None else (x, w)
+    y, vjp = jax.vjp(lambda *a: pallas_norm.rms_norm(*a, impl=impl, **kw), *args)
+    grads = vjp(dy)
+    return y, grads[0], (grads[1] if w is not None else None)
+
+
+def to_jnp(t: torch.Tensor) -> jax.Array:
+    """Same values as a JAX array on JAX's default device (exact)."""
+    return jnp.asarray(to_numpy(t))
+
+
+def jax_results(x, w, dy, impl=KERNEL, **kw):
+    """``(y, dx, dweight)`` of ``pallas_norm.rms_norm`` in JAX on torch inputs' values."""
+    return jax_vjp(impl, to_jnp(x), None if w is None else to_jnp(w), to_jnp(dy), **kw)
+
+
+def torch_results(x, w, dy, **kw):
+    """``(y, dx, dweight)`` through ``torch_bridge.rms_norm`` and torch autograd (dweight None without weight)."""
+    if w is not None:
+        return autograd_outputs(lambda a, b: rms_norm(a, b, **kw), x, w, dy)
+    xr = x.detach().clone().requires_grad_()
+    y = rms_norm(xr, None, **kw)
+    return y.detach(), torch.autograd.grad(y, xr, dy)[0], None
+
+
+def bits(a) -> np.ndarray:
+    """Raw bit patterns (torch or JAX or NumPy), so NaNs and signed zeros compare exactly."""
+    a = to_numpy(a) if isinstance(a, torch.Tensor) else np.asarray(a)
+    return a.view({2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize])
+
+
+def assert_same_bits(ours, theirs) -> None:
+    for name, a, b in zip(("y", "dx", "dweight"), ours, theirs):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            np.testing.assert_array_equal(bits(a), bits(b), err_msg=name)
+
+
+def as_numpy(t):
+    """A torch tensor, JAX array or NumPy array (or None) as NumPy, dtype kept."""
+    return None if t is None else (to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t))
+
+
+def judge(x, w, dy, outputs, *, eps=1e-6, offset=0.0, casting="llama", baseline=None, **failures_kw) -> list[str]:
+    """``accuracy.reference(...).failures`` of ``outputs`` (torch, JAX or NumPy) for inputs of either stack."""
+    ref = accuracy.reference(as_numpy(x), as_numpy(w), as_numpy(dy), eps=eps, offset=offset, casting=casting)
+    baseline = None if baseline is None else [as_numpy(t) for t in baseline]
+    return ref.failures("", [as_numpy(o) for o in outputs], baseline=baseline, **failures_kw)
+
+
+def check_case(shape, dtype, casting, offset, *, weight_dtype=None, with_weight=True, seed=0, backend="triton",
+               rounding_points=True) -> None:
+    """One torch case through ``backend`` and autograd, held to the accuracy rule."""
+    x, w, dy = torch_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=seed)
+    w = w if with_weight else None
+    kw = dict(eps=1e-6, offset=offset, casting=casting)
+    failures = judge(x, w, dy, torch_results(x, w, dy, backend=backend, **kw), rounding_points=rounding_points, **kw)
+    assert not failures, "\n".join(failures)
+
+
+def check_jax(x, w, dy, impl=KERNEL, **kw) -> None:
+    """``pallas_norm.rms_norm`` under ``jax.vjp``, held to the accuracy rule (dtypes and shapes included)."""
+    mode = {k: kw[k] for k in ("eps", "offset", "casting") if k in kw}
+    failures = judge(x, w, dy, jax_vjp(impl, x, w, dy, **kw), **mode)
+    assert not failures, "\n".join(failures)
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b| (torch or JAX)."""
+    a, b = (np.asarray(to_numpy(t) if isinstance(t, torch.Tensor) else t, np.float64) for t in (a, b))
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def one_ulp_off(x, w, dy, case):
+    """A deliberately broken parity implementation: the DLPack bridge's results with one element of ``y`` moved
+    by one ulp (not JAX's bits)."""
+    y, dx, dw = parity.bridge("pallas_dlpack")(x, w, dy, case)
+    y = y.clone()
+    y.view(torch.int16 if y.element_size() == 2 else torch.int32).view(-1)[0] ^= 1  # flip the last mantissa bit
+    return y, dx, dw
+
+
+@functools.cache
+def triton_rms_norm():
+    """``torch_bridge.rms_norm`` with ``backend="triton"``."""
+    return functools.partial(rms_norm, backend="triton")

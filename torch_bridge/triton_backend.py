@@ -1,0 +1,33 @@
+"""The Triton reference kernel as a torch backend (``custom_ops`` family ``"triton"``:
+``pallas_norm::triton_rms_norm_fwd/bwd``, backend ``"triton"``).
+
+CUDA tensors run the Triton kernels; CPU tensors run them under Triton's interpreter when ``TRITON_INTERPRET=1``
+was set before import, else fall back to the plain-torch formula (``torch_bridge.eager``: same semantics and
+rounding points). float64 is supported (for ``gradcheck``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_bridge import custom_ops, eager, triton_kernels
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda or (triton_kernels.INTERPRET and x.device.type == "cpu")
+
+
+def _forward(x, weight, eps, offset, casting):
+    if _use_triton(x):
+        return triton_kernels.rms_norm_fwd(x, weight, eps, offset, casting)
+    return eager.rms_norm_ref_forward(x, weight, eps, offset=offset, casting=casting)
+
+
+def _backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
+    if _use_triton(x):
+        return triton_kernels.rms_norm_bwd(dy, x, weight, rstd, offset, casting, need_dx, need_dweight)
+    dx, dweight = eager.rms_norm_ref_backward(dy, x, weight, offset=offset, casting=casting, rstd=rstd)
+    return (dx if need_dx else None), (dweight if need_dweight else None)
+
+
+custom_ops.define("triton", {"triton": custom_ops.Kernels(_forward, _backward)})

@@ -1,0 +1,66 @@
+"""Tiling of the Triton reference kernels: a frozen ``Config`` per launch, and the heuristics that pick one per
+row length. ``triton_kernels.rms_norm_fwd/bwd(..., config=...)`` force one (tests cover the long-row paths with
+small ones; ``python -m bench sweep`` times alternatives)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass)
+CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row-dot pass
+BWD_CHUNK_N = 4096  # column chunk of the long-row backward
+TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
+BWD_PROGRAMS_PER_SM = 2  # persistent backward grid = this × SM count (÷ column chunks)
+
+
+def next_pow2(v: int) -> int:
+    return 1 if v <= 1 else 1 << (v - 1).bit_length()
+
+
+def _warps(elems: int, per_warp: int) -> int:
+    return max(1, min(16, elems // per_warp))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch's tiling: ``block_m`` rows × ``block_n`` columns per program (``block_n`` the padded row when it
+    is at least N, else the column chunk), ``num_warps``; for the backward, ``programs_per_sm`` (persistent grid)
+    and the long-row row-dot pass's ``rowdot_block_n``/``rowdot_warps``."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    programs_per_sm: int = BWD_PROGRAMS_PER_SM
+    rowdot_block_n: int = CHUNK_N
+    rowdot_warps: int = _warps(CHUNK_N, 512)
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 1, got {v!r}")
+        if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm must be an int >= 1, got {self.programs_per_sm!r}")
+
+    def chunked(self, n: int) -> bool:
+        return self.block_n < n
+
+
+def forward_config(n: int) -> Config:
+    """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes),
+    one per 512 over column chunks (more loads in flight)."""
+    if n <= FUSED_MAX_N:
+        block_n = next_pow2(n)
+        block_m = max(1, min(64, TILE_ELEMS // block_n))
+        return Config(block_m, block_n, _warps(block_m * block_n, 1024))
+    return Config(1, CHUNK_N, _warps(CHUNK_N, 512))
+
+
+def backward_config(n: int) -> Config:
+    """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
+    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``."""
+    if n <= FUSED_MAX_N:
+        block_n = next_pow2(n)
+        block_m = max(1, min(64, TILE_ELEMS // block_n))
+        return Config(block_m, block_n, _warps(block_m * block_n, 512))
+    return Config(1, BWD_CHUNK_N, _warps(BWD_CHUNK_N, 512))
