@@ -34,7 +34,6 @@ def test_dlpack_route_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset,
     x, w, dy = torch_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=4)
     kw = dict(eps=1e-6, offset=offset, casting=casting)
     assert_same_bits(torch_results(x, w, dy, backend="pallas", **kw), jax_results(x, w, dy, **kw))
-    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
@@ -45,7 +44,6 @@ def test_launch_route_accuracy(shape, dtype, casting, offset, weight_dtype):
     that rounding and move a whole row by one ulp of rstd: there only the float64 accuracy bound applies."""
     check_case(shape, dtype, casting, offset, weight_dtype=weight_dtype, seed=4, backend="pallas_launch",
                rounding_points=casting != "none")
-    torch.cuda.empty_cache()
 
 
 def race_free(step, reps: int = 4, sleep_cycles: int = 40_000_000) -> bool:
