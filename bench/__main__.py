@@ -1,6 +1,7 @@
 """``python -m bench``: our kernels and every peer side by side on the GPU; results in bench/results/.
 
-    python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--no-small] [--out DIR]
+    python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b] [--no-small]
+                            [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
@@ -58,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--out", default="bench/results")
         if name == "suite":
             s.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
+            s.add_argument("--providers", type=lambda t: tuple(t.split(",")), default=None,
+                           help="comma-separated provider names (default: all; merge runs with `render`)")
     o = sub.add_parser("overhead")
     o.add_argument("--calls", type=int, default=2000, help="back-to-back calls per timing loop (small call)")
     o.add_argument("--out", default="bench/results")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)
     partial = out / f"run_{args.dtype}_{args.casting}.json"
     save = lambda result: partial.write_text(json.dumps(result))  # noqa: E731  (partial results survive a kill)
-    result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save)
+    result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save, only=args.providers)
     save(result)
     paths = report.write(result, out, suite_stem(result["env"]))
     raw = out / f"{suite_stem(result['env'])}.json"

@@ -99,7 +99,9 @@ def _hf_eager(x, w, dy, offset, casting):
 
 
 def _hf_compiled(x, w, dy, offset, casting):
-    torch._functorch.config.donated_buffer = False  # the "bwd" mode re-runs a retained graph
+    import torch._functorch.config as functorch_config
+
+    functorch_config.donated_buffer = False  # the "bwd" mode re-runs a retained graph
     torch._dynamo.reset()  # one specialised (static-shape) graph per shape, never a cache-limit fallback to eager
     return torch_modes(torch.compile(hf_formula(offset, casting), dynamic=False), x, w, dy)
 
@@ -115,12 +117,17 @@ def _tokamax(x, w, dy, offset, casting):
                                                      subtract_mean=False), x, w, dy)
 
 
-def providers() -> list[Provider]:
-    """Ours first (``OURS``), then the peers that import here."""
+def providers(only: tuple[str, ...] | None = None) -> list[Provider]:
+    """Ours first (``OURS``), then the peers that import here; ``only`` keeps those names."""
     builds = {"pallas": _pallas_jax, **{b: _bridge(b) for b in OURS[1:]}, "torch_native": _torch_native,
               "hf_eager": _hf_eager, "hf_compile": _hf_compiled, "xla_formula": _xla_formula}
     if importlib.util.find_spec("liger_kernel") is not None:
         builds["liger"] = _liger
     if importlib.util.find_spec("tokamax") is not None:
         builds["tokamax"] = _tokamax
+    if only is not None:
+        unknown = set(only) - set(builds)
+        if unknown:
+            raise ValueError(f"--providers: unknown or not importable here: {sorted(unknown)}; choose from {list(builds)}")
+        builds = {n: b for n, b in builds.items() if n in only}
     return [Provider(n, label(n), "jax" if n == "pallas" or n in JAX_PEERS else "torch", b) for n, b in builds.items()]

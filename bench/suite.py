@@ -68,12 +68,13 @@ def measure_small(p: Provider, m: int, dtype: torch.dtype, casting: str, offset:
                 for mode in ("fwd", "fwd+bwd")]
 
 
-def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None) -> dict:
-    """All measurements for one dtype and casting mode (offset 1 for "gemma", else 0); ``on_row(result)`` is
-    called after each provider × shape (the CLI saves partial results there)."""
+def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=None) -> dict:
+    """All measurements for one dtype and casting mode (offset 1 for "gemma", else 0), of every provider or those
+    named in ``only``; ``on_row(result)`` is called after each provider × shape (the CLI saves partial results
+    there)."""
     offset = 1.0 if casting == "gemma" else 0.0
     dt = DTYPES[dtype]
-    provs = providers()
+    provs = providers(only)
     copy = timing.copy_tbps()
     env = timing.environment(dtype=dtype, casting=casting, copy_tbps=copy)
     rows = []
