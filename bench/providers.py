@@ -128,6 +128,7 @@ def providers(only: tuple[str, ...] | None = None) -> list[Provider]:
     if only is not None:
         unknown = set(only) - set(builds)
         if unknown:
-            raise ValueError(f"--providers: unknown or not importable here: {sorted(unknown)}; choose from {list(builds)}")
+            raise ValueError(f"--providers: unknown or not importable here: {sorted(unknown)}; choose from "
+                             f"{list(builds)}")
         builds = {n: b for n, b in builds.items() if n in only}
     return [Provider(n, label(n), "jax" if n == "pallas" or n in JAX_PEERS else "torch", b) for n, b in builds.items()]

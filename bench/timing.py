@@ -10,6 +10,7 @@ synchronisation at the end (``per_call``), as a training loop sees them. Bytes a
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import statistics
 import subprocess
@@ -88,9 +89,9 @@ def copy_tbps(nbytes: int = 2 << 30) -> float:
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    tbps = 2 * nbytes / time_torch(lambda: dst.copy_(src)) / 1e12
-    del src, dst
+    copy = functools.partial(torch.Tensor.copy_, torch.empty_like(src), src)
+    tbps = 2 * nbytes / time_torch(copy) / 1e12
+    del src, copy
     torch.cuda.empty_cache()
     return tbps
 

@@ -1,6 +1,6 @@
 """``torch_bridge`` under torch.distributed: DDP, FSDP2 (``fully_shard``) and a patched HF model under FSDP2.
 
-    torchrun --nproc_per_node 2 examples/multi_gpu_torch.py [--backend pallas|pallas_launch|pallas_dlpack|triton] [--steps 3]
+    torchrun --nproc_per_node 2 examples/multi_gpu_torch.py [--backend pallas|pallas_launch|triton|...] [--steps 3]
 
 Every rank builds the same model (same seed), trains ``--steps`` SGD steps on its slice of one global batch, and
 checks:

@@ -17,8 +17,9 @@ The rule (flash-attention's, with tokamax's √N atol): ``err(out) = max |out �
 and ``dx``, M for ``dweight``). 16-bit ``y`` and ``dx`` must also keep the naive formula's rounding points: equal
 to it except on at most 1% of the elements, and there by at most one ulp (+ atol). Elements whose naive value
 lies within float32 noise (``atol + 8 · eps32 · |v|``) of a tie between two values of ``x``'s dtype are not
-counted, nor ``y`` of ``tie_rows``: evaluation order decides their rounding. A casting-mode mix-up (a rounding in the wrong place) fails that even where the error bound would let
-it pass. (Ties matter where one weight value meets many rows near ±1, e.g. N = 1 with Gemma's ``1 + w``.)
+counted, nor ``y`` of ``tie_rows``: evaluation order decides their rounding. A casting-mode mix-up (a rounding
+in the wrong place) fails that even where the error bound would let it pass. (Ties matter where one weight value
+meets many rows near ±1, e.g. N = 1 with Gemma's ``1 + w``.)
 
 Large inputs are processed in row blocks on a thread pool (NumPy releases the GIL), so checking a
 1024×262144 case costs seconds, not minutes. :func:`make_inputs` draws the random test inputs every suite uses.
@@ -34,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
+
+from . import rowmath
 
 OUTPUTS = ("y", "dx", "dweight")
 EPS32 = 2.0**-23
@@ -99,32 +102,19 @@ def _rounder(dt: np.dtype, ct: np.dtype, keep: bool) -> Callable[[np.ndarray], n
     return lambda v: v.astype(dt).astype(ct)
 
 
-def _effective_weight(w: np.ndarray | None, offset: float, casting: str, ct: np.dtype, r) -> np.ndarray | None:
-    if w is None:
-        return None
-    wc = w.astype(ct)
-    return r(r(wc) + ct.type(offset)) if casting == "none" else wc + ct.type(offset)
-
-
-def _normalized(xc: np.ndarray, rstd: np.ndarray, casting: str, r) -> np.ndarray:
-    if casting == "llama":
-        return r(xc * rstd)
-    if casting == "gemma":
-        return xc * rstd
-    return r(xc * r(rstd))
+def _rsqrt(v: np.ndarray) -> np.ndarray:
+    return v.dtype.type(1.0) / np.sqrt(v)
 
 
 def _block(x, w_eff, dy, *, eps: float, casting: str, ct: np.dtype, r):
-    """``(y, dx, dweight partial, rstd, g)`` in compute dtype ``ct`` for rows ``x``/``dy`` (2-D)."""
+    """``(y, dx, dweight partial, rstd, g)`` in compute dtype ``ct`` for rows ``x``/``dy`` (2-D), by ``rowmath``."""
     xc, dyc = x.astype(ct), dy.astype(ct)
-    rstd = ct.type(1.0) / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + ct.type(eps))
-    n = _normalized(xc, rstd, casting, r)
-    y = n if w_eff is None else n * w_eff
-    g = dyc if w_eff is None else dyc * w_eff
-    if w_eff is not None and casting != "gemma":
-        g = r(g)
-    dx = rstd * (g - xc * (rstd * rstd) * np.mean(g * xc, axis=-1, keepdims=True))
-    return y, dx, np.sum(dyc * n, axis=0), rstd, g
+    rstd = rowmath.rstd_from_sumsq(np.sum(xc * xc, axis=-1, keepdims=True), ct.type(x.shape[-1]), ct.type(eps),
+                                   _rsqrt)
+    n = rowmath.normalized(xc, rstd, casting, r)
+    g = rowmath.grad_scale(dyc, w_eff, casting, r)
+    dx = rowmath.grad_input(xc, g, rstd, np.sum(g * xc, axis=-1, keepdims=True), ct.type(x.shape[-1]))
+    return rowmath.output(n, w_eff), dx, np.sum(rowmath.dweight_terms(dyc, n), axis=0), rstd, g
 
 
 # --- the reference and the rule -------------------------------------------------------------------------------
@@ -221,7 +211,8 @@ def reference(x, weight, dy, *, eps: float, offset: float, casting: str) -> Refe
     m, n = x2.shape
     ct = F64 if dt == F64 else F32  # the naive formula's compute dtype (the Triton kernel's for float64 x)
     r32, keep64 = _rounder(dt, ct, True), _rounder(dt, F64, False)
-    w64, w32 = (_effective_weight(w, offset, casting, c, r) for c, r in ((F64, keep64), (ct, r32)))
+    w64, w32 = (None if w is None else rowmath.effective_weight(w.astype(c), c.type(offset), casting, r)
+                for c, r in ((F64, keep64), (ct, r32)))
     exact = {"y": np.empty((m, n), F64), "dx": np.empty((m, n), F64)}
     naive = {"y": np.empty((m, n), dt), "dx": np.empty((m, n), dt)}
     unrounded = {"y": np.empty((m, n), ct), "dx": np.empty((m, n), ct)}

@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 
 from . import backend, rowmath
 from .pallas_config import Config, cdiv
+from .rounding import rounder
 
 F32 = jnp.float32
 REDUCE_COLS = 1024
@@ -37,7 +38,12 @@ def _tile(ref, rows, rmask, cols, cmask):
 def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
     if w_ref is None:
         return None
-    return rowmath.effective_weight(backend.load(w_ref.at[cols], cmask), offset, casting, dt)[None, :]
+    w32 = backend.load(w_ref.at[cols], cmask).astype(F32)
+    return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
+
+
+def _rstd(sumsq, n: int, eps: float):
+    return rowmath.rstd_from_sumsq(sumsq, F32(n), F32(eps), lax.rsqrt)
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool):
@@ -47,8 +53,8 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     rows, rmask = _span(pl.program_id(0) * br, br, m)
 
     def emit(cols, cmask, x32, rstd):
-        n_val = rowmath.normalized(x32, rstd[:, None], casting, dt)
-        y = rowmath.output(n_val, _weight(w_ref, cols, cmask, offset, casting, dt), dt)
+        n_val = rowmath.normalized(x32, rstd[:, None], casting, rounder(dt))
+        y = rowmath.output(n_val, _weight(w_ref, cols, cmask, offset, casting, dt)).astype(dt)
         backend.store(y_ref.at[rows[:, None], cols[None, :]], y, rmask[:, None] & cmask[None, :])
 
     def chunk(k):
@@ -57,7 +63,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     if chunks == 1:
         cols, cmask, x32 = chunk(0)
-        rstd = rowmath.rstd_from_sumsq(jnp.sum(x32 * x32, axis=1), n, eps)
+        rstd = _rstd(jnp.sum(x32 * x32, axis=1), n, eps)
         emit(cols, cmask, x32, rstd)
     else:
         def sumsq(k, acc):
@@ -65,7 +71,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
             return acc + x32 * x32
 
         acc = lax.fori_loop(0, chunks, sumsq, jnp.zeros((br, bc), F32))
-        rstd = rowmath.rstd_from_sumsq(jnp.sum(acc, axis=1), n, eps)
+        rstd = _rstd(jnp.sum(acc, axis=1), n, eps)
 
         @pl.loop(0, chunks)
         def _(k):
@@ -96,15 +102,15 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         dy32 = _tile(dy_ref, rows, rmask, cols, cmask)
         rstd = backend.load(rstd_ref.at[rows], rmask)[:, None]
         if need_dx:
-            g = rowmath.grad_scale(dy32, w_eff, casting, dt)
+            g = rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
             if s_ref is None:
                 sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
             else:
                 sum_gx = backend.load(s_ref.at[rows], rmask)[:, None]
-            dx = rowmath.grad_input(x32, g, rstd, sum_gx, n).astype(dt)
+            dx = rowmath.grad_input(x32, g, rstd, sum_gx, F32(n)).astype(dt)
             backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx, rmask[:, None] & cmask[None, :])
         if need_dw:
-            n_val = rowmath.normalized(x32, rstd, casting, dt)
+            n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
             dw_acc = dw_acc + jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0)
         return dw_acc
 
@@ -124,7 +130,7 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
         cols, cmask = _span(k * bc, bc, n)
         x32 = _tile(x_ref, rows, rmask, cols, cmask)
         g = rowmath.grad_scale(_tile(dy_ref, rows, rmask, cols, cmask),
-                               _weight(w_ref, cols, cmask, offset, casting, dt), casting, dt)
+                               _weight(w_ref, cols, cmask, offset, casting, dt), casting, rounder(dt))
         return acc + g * x32
 
     acc = lax.fori_loop(0, config.chunks(n), body, jnp.zeros((br, bc), F32))

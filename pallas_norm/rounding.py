@@ -26,6 +26,12 @@ def round_to(v: jnp.ndarray, dt) -> jnp.ndarray:
     return round_to_p.bind(v, dtype=dt)
 
 
+def rounder(dt):
+    """``r`` for ``rowmath``: ``v -> round_to(v, dt)`` (the identity for float32)."""
+    dt = jnp.dtype(dt)
+    return lambda v: round_to(v, dt)
+
+
 def _xla_rule(v, *, dtype):
     info = jnp.finfo(dtype)
     rounded = lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)

@@ -1,58 +1,59 @@
-"""RMSNorm's row math, written once (see ``docs/semantics.md``).
+"""RMSNorm's row math, written once (``docs/semantics.md``) for every array library that evaluates it.
 
-Every function takes and returns float32 ``jax.numpy`` values (``dt`` is the input dtype that the casting mode
-rounds to) and works on whole blocks, so the Pallas kernel bodies and the XLA reference call the same code.
-``w_eff=None`` means no weight.
+The Pallas kernel bodies and the XLA path (JAX), the accuracy module's float64 reference and naive float32
+formula (NumPy) and the plain-torch formula (torch) all call these functions. They use arithmetic only, so any
+array type works; what differs between callers is passed in: ``r`` rounds a value of the compute dtype to the
+input dtype and widens it back (the identity where nothing is rounded: float32 inputs, or the exact reference),
+``rsqrt`` is the library's reciprocal square root. Inputs arrive already widened to the compute dtype;
+``w_eff=None`` means no weight. The order of operations is the kernels' (it decides their bits).
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-from jax import lax
+from collections.abc import Callable
+from typing import TypeVar
 
-from .rounding import round_to
-
-F32 = jnp.float32
-
-
-def rstd_from_sumsq(sumsq: jnp.ndarray, n: int, eps: float) -> jnp.ndarray:
-    """``rstd = rsqrt(sum(x32²) / N + eps)``, float32."""
-    return lax.rsqrt(sumsq / F32(n) + F32(eps))
+A = TypeVar("A")  # an array of any library (jax.Array, np.ndarray, torch.Tensor)
+Rounder = Callable[[A], A]
 
 
-def effective_weight(w: jnp.ndarray, offset: float, casting: str, dt: jnp.dtype) -> jnp.ndarray:
-    """``w_eff = f32(w) + offset``; for ``"none"`` ``f32(r(f32(r(w)) + offset))`` (weight math in ``dt``)."""
-    w32 = w.astype(F32)
+def rstd_from_sumsq(sumsq: A, n: int, eps: float, rsqrt: Callable[[A], A]) -> A:
+    """``rstd = rsqrt(sum(x²) / N + eps)``."""
+    return rsqrt(sumsq / n + eps)
+
+
+def effective_weight(w: A, offset: float, casting: str, r: Rounder) -> A:
+    """``w_eff = w + offset``; for ``"none"`` ``r(r(w) + offset)`` (weight math in the input dtype)."""
     if casting == "none":
-        return round_to(round_to(w32, dt) + F32(offset), dt)
-    return w32 + F32(offset)
+        return r(r(w) + offset)
+    return w + offset
 
 
-def normalized(x32: jnp.ndarray, rstd: jnp.ndarray, casting: str, dt: jnp.dtype) -> jnp.ndarray:
-    """The normalised value ``n``: llama ``r(x32·rstd)``; gemma ``x32·rstd``; none ``r(x32·r(rstd))``."""
+def normalized(x: A, rstd: A, casting: str, r: Rounder) -> A:
+    """The normalised value ``n``: llama ``r(x·rstd)``; gemma ``x·rstd``; none ``r(x·r(rstd))``."""
     if casting == "llama":
-        return round_to(x32 * rstd, dt)
+        return r(x * rstd)
     if casting == "gemma":
-        return x32 * rstd
-    return round_to(x32 * round_to(rstd, dt), dt)
+        return x * rstd
+    return r(x * r(rstd))
 
 
-def output(n: jnp.ndarray, w_eff: jnp.ndarray | None, dt: jnp.dtype) -> jnp.ndarray:
-    """``y = r(n · w_eff)`` (``r(n)`` without a weight), in ``dt``."""
-    return (n if w_eff is None else n * w_eff).astype(dt)
+def output(n: A, w_eff: A | None) -> A:
+    """``n · w_eff`` (``n`` without a weight), before the final rounding to the input dtype."""
+    return n if w_eff is None else n * w_eff
 
 
-def grad_scale(dy32: jnp.ndarray, w_eff: jnp.ndarray | None, casting: str, dt: jnp.dtype) -> jnp.ndarray:
-    """``g = dy·w_eff``: float32 for gemma, rounded to ``dt`` for llama and none (as HF autograd does)."""
-    g = dy32 if w_eff is None else dy32 * w_eff
-    return g if casting == "gemma" else round_to(g, dt)
+def grad_scale(dy: A, w_eff: A | None, casting: str, r: Rounder) -> A:
+    """``g = dy·w_eff``: unrounded for gemma, ``r(dy·w_eff)`` for llama and none (as HF autograd does)."""
+    g = dy if w_eff is None else dy * w_eff
+    return g if casting == "gemma" else r(g)
 
 
-def grad_input(x32: jnp.ndarray, g: jnp.ndarray, rstd: jnp.ndarray, sum_gx: jnp.ndarray, n: int) -> jnp.ndarray:
-    """``dx = rstd·(g − x32·rstd²·mean(g·x32))`` in float32 (the caller rounds to ``dt``)."""
-    return rstd * (g - x32 * (rstd * rstd * (sum_gx / F32(n))))
+def grad_input(x: A, g: A, rstd: A, sum_gx: A, n: int) -> A:
+    """``dx = rstd·(g − x·rstd²·mean(g·x))`` with ``sum_gx = Σ g·x`` per row (the caller rounds the result)."""
+    return rstd * (g - x * (rstd * rstd * (sum_gx / n)))
 
 
-def dweight_terms(dy32: jnp.ndarray, n_value: jnp.ndarray) -> jnp.ndarray:
-    """Per-element contribution to ``dweight = Σ_rows dy·n`` (float32)."""
-    return dy32 * n_value
+def dweight_terms(dy: A, n_value: A) -> A:
+    """Per-element contribution to ``dweight = Σ_rows dy·n``."""
+    return dy * n_value

@@ -8,34 +8,36 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from . import rowmath
 from .checks import check_inputs
+from .rounding import rounder
 
 F32 = jnp.float32
 
 
 def forward_2d(x, weight, *, eps: float, offset: float, casting: str):
     """``(y, rstd)`` for 2-D ``x``: ``rstd = rsqrt(mean(x32²) + eps)``, ``y`` per ``docs/semantics.md``."""
-    dt = x.dtype
+    dt, r = x.dtype, rounder(x.dtype)
     x32 = x.astype(F32)
-    rstd = rowmath.rstd_from_sumsq(jnp.sum(x32 * x32, axis=-1), x.shape[-1], eps)
-    n_val = rowmath.normalized(x32, rstd[:, None], casting, dt)
-    w_eff = None if weight is None else rowmath.effective_weight(weight, offset, casting, dt)
-    return rowmath.output(n_val, w_eff, dt), rstd
+    rstd = rowmath.rstd_from_sumsq(jnp.sum(x32 * x32, axis=-1), F32(x.shape[-1]), F32(eps), lax.rsqrt)
+    n_val = rowmath.normalized(x32, rstd[:, None], casting, r)
+    w_eff = None if weight is None else rowmath.effective_weight(weight.astype(F32), F32(offset), casting, r)
+    return rowmath.output(n_val, w_eff).astype(dt), rstd
 
 
 def backward_2d(x, weight, dy, rstd, *, offset: float, casting: str):
     """``(dx, dweight)``: ``dx = rstd·(g − x·rstd²·mean(g·x))``, ``g = dy·w_eff``; ``dweight = Σ_rows dy·n``."""
-    dt = x.dtype
+    dt, r = x.dtype, rounder(x.dtype)
     n = x.shape[-1]
     x32, dy32, rstd = x.astype(F32), dy.astype(F32), rstd[:, None]
-    w_eff = None if weight is None else rowmath.effective_weight(weight, offset, casting, dt)[None, :]
-    g = rowmath.grad_scale(dy32, w_eff, casting, dt)
-    dx = rowmath.grad_input(x32, g, rstd, jnp.sum(g * x32, axis=-1, keepdims=True), n).astype(dt)
+    w_eff = None if weight is None else rowmath.effective_weight(weight.astype(F32), F32(offset), casting, r)[None, :]
+    g = rowmath.grad_scale(dy32, w_eff, casting, r)
+    dx = rowmath.grad_input(x32, g, rstd, jnp.sum(g * x32, axis=-1, keepdims=True), F32(n)).astype(dt)
     if weight is None:
         return dx, None
-    n_val = rowmath.normalized(x32, rstd, casting, dt)
+    n_val = rowmath.normalized(x32, rstd, casting, r)
     dweight = jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0).astype(weight.dtype)
     return dx, dweight
 

@@ -15,7 +15,8 @@ import grimp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pallas_norm", "torch_bridge", "pallas_norm_tools")
-HIDE_TORCH = "import sys\nfor name in ('torch', 'triton', 'transformers', 'matplotlib'):\n    sys.modules[name] = None\n"
+HIDE_TORCH = ("import sys\nfor name in ('torch', 'triton', 'transformers', 'matplotlib'):\n"
+              "    sys.modules[name] = None\n")  # a later `import torch` then raises ModuleNotFoundError
 
 
 def run_python(code: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
@@ -118,7 +119,8 @@ def test_the_check_sees_a_hidden_module_imported():
 def test_cli_names_the_missing_extra():
     result = run_python(HIDE_TORCH + "from pallas_norm_tools.cli import main\nsys.exit(main(['check']))\n")
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "pallas-norm check needs torch, triton" in result.stderr and "pip install 'pallas-norm[torch]'" in result.stderr
+    assert "pallas-norm check needs torch, triton" in result.stderr
+    assert "pip install 'pallas-norm[torch]'" in result.stderr
 
 
 def test_torch_bridge_loads_no_tools_bench_or_tests():

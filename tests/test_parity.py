@@ -35,8 +35,9 @@ def test_matrix_is_the_full_product():
 
 def llama_rounding_in_a_gemma_case(x, w, dy, case):
     """Deliberately wrong: Llama's rounding point (n rounded to x's dtype before × weight) in a Gemma case."""
-    return autograd_outputs(lambda a, b: rms_norm(a, b, case.eps, offset=case.offset, casting="llama", backend="triton"),
-                            x, w, dy)
+    def norm(a, b):
+        return rms_norm(a, b, case.eps, offset=case.offset, casting="llama", backend="triton")
+    return autograd_outputs(norm, x, w, dy)
 
 
 def test_matrix_catches_a_casting_mixup_and_a_bridge_that_is_not_jax():

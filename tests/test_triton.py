@@ -12,7 +12,7 @@ from pallas_norm import accuracy
 from torch_bridge import BACKENDS, rms_norm_ref, rms_norm_ref_backward, triton_config, triton_kernels
 from torch_bridge.numpy_io import to_numpy
 
-from helpers import DEVICE, TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, torch_results
+from helpers import TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, torch_results
 from helpers import triton_rms_norm
 
 CASTINGS = ("llama", "gemma", "none")

@@ -1,15 +1,16 @@
 """RMSNorm as plain torch operations, following docs/semantics.md with the casting mode's rounding points.
 
-Computed in float32 (float64 for float64 inputs, where every rounding is the identity): the same "naive
-formula" that ``pallas_norm.accuracy`` evaluates in NumPy, here in torch, for the Triton backend's CPU fallback
-(no Triton interpreter) and for tests that need a differentiable torch formula. Accuracy judgements use
-``pallas_norm.accuracy``, never this module.
+Computed in float32 (float64 for float64 inputs, where every rounding is the identity) by the row math of
+``pallas_norm.rowmath``: the same "naive formula" that ``pallas_norm.accuracy`` evaluates in NumPy, here in torch,
+for the Triton backend's CPU fallback (no Triton interpreter) and for tests that need a differentiable torch
+formula. Accuracy judgements use ``pallas_norm.accuracy``, never this module.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pallas_norm import rowmath
 from pallas_norm.semantics import check_scalars
 
 
@@ -23,20 +24,11 @@ def _rounder(dt: torch.dtype):
 
 
 def _w_eff(weight: torch.Tensor | None, offset: float, casting: str, cdt: torch.dtype, r):
-    """f32(w) + offset; "none": f32(r(f32(r(w)) + offset)); None without weight."""
-    if weight is None:
-        return None
-    w = weight.to(cdt)
-    return r(r(w) + offset) if casting == "none" else w + offset
+    return None if weight is None else rowmath.effective_weight(weight.to(cdt), offset, casting, r)
 
 
-def _normalize(x32: torch.Tensor, rstd: torch.Tensor, casting: str, r) -> torch.Tensor:
-    """n: llama r(x*rstd); gemma x*rstd; none r(x*r(rstd))."""
-    if casting == "llama":
-        return r(x32 * rstd)
-    if casting == "gemma":
-        return x32 * rstd
-    return r(x32 * r(rstd))
+def _rstd(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    return rowmath.rstd_from_sumsq((x32 * x32).sum(-1, keepdim=True), x32.shape[-1], eps, torch.rsqrt)
 
 
 def rms_norm_ref_forward(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
@@ -46,10 +38,9 @@ def rms_norm_ref_forward(x: torch.Tensor, weight: torch.Tensor | None = None, ep
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
     cdt, r = _compute_dtype(x), _rounder(x.dtype)
     x32 = x.to(cdt)
-    rstd = torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
-    n = _normalize(x32, rstd, casting, r)
-    w_eff = _w_eff(weight, offset, casting, cdt, r)
-    y = n if w_eff is None else n * w_eff
+    rstd = _rstd(x32, eps)
+    n = rowmath.normalized(x32, rstd, casting, r)
+    y = rowmath.output(n, _w_eff(weight, offset, casting, cdt, r))
     return y.to(x.dtype), rstd.squeeze(-1)
 
 
@@ -73,18 +64,11 @@ def rms_norm_ref_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
     cdt, r = _compute_dtype(x), _rounder(x.dtype)
     x32 = x.to(cdt)
-    if rstd is None:
-        rstd = torch.rsqrt((x32 * x32).mean(-1) + eps)
-    rstd = rstd.to(cdt).unsqueeze(-1)
+    rstd = _rstd(x32, eps) if rstd is None else rstd.to(cdt).unsqueeze(-1)
     dy32 = dy.to(cdt)
-    w_eff = _w_eff(weight, offset, casting, cdt, r)
-    if w_eff is None:
-        g = dy32
-    else:
-        g = dy32 * w_eff
-        g = g if casting == "gemma" else r(g)
-    dx = (rstd * (g - x32 * (rstd * rstd) * (g * x32).mean(-1, keepdim=True))).to(x.dtype)
+    g = rowmath.grad_scale(dy32, _w_eff(weight, offset, casting, cdt, r), casting, r)
+    dx = rowmath.grad_input(x32, g, rstd, (g * x32).sum(-1, keepdim=True), x.shape[-1]).to(x.dtype)
     if weight is None:
         return dx, None
-    dweight = (dy32 * _normalize(x32, rstd, casting, r)).reshape(-1, x.shape[-1]).sum(0)
+    dweight = rowmath.dweight_terms(dy32, rowmath.normalized(x32, rstd, casting, r)).reshape(-1, x.shape[-1]).sum(0)
     return dx, dweight.to(weight.dtype)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import pathlib
 from collections.abc import Callable, Iterator
