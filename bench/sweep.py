@@ -83,8 +83,13 @@ def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool) -> list[dict]
 
 def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: float) -> dict:
     mode = "bwd" if backward else "fwd"
-    return dict(kernel=kernel, mode=mode, m=m, n=n, config="heuristic" if cfg is None else repr(cfg), us=sec * 1e6,
-                tbps=timing.tbps(mode, m, n, itemsize, sec))
+    if cfg is None:
+        heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
+                     (triton_config.backward_config if backward else triton_config.forward_config)(n))
+        name = f"heuristic: {heuristic!r}"
+    else:
+        name = repr(cfg)
+    return dict(kernel=kernel, mode=mode, m=m, n=n, config=name, us=sec * 1e6, tbps=timing.tbps(mode, m, n, itemsize, sec))
 
 
 def run(shapes, dtype: str, casting: str, quick: bool) -> dict:

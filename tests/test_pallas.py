@@ -36,7 +36,8 @@ EDGE_SHAPES = [(m, n) for m in (0, 1, 3, 129) for n in (1, 7, 128, 1000, 4096)]
 
 @pytest.mark.parametrize("case", range(len(EDGE_SHAPES)))
 def test_shapes(case):
-    """Every M × N from the issue, each with a different (dtype, casting, offset) so all of them get covered."""
+    """Every M × N of the edge grid (empty, single row and column, non-powers of two), each with a different
+    (dtype, casting, offset) so all of them get covered."""
     shape = EDGE_SHAPES[case]
     dtype, casting, offset = CONFIGS[(7 * case) % len(CONFIGS)]
     x, w, dy = jax_inputs(shape, dtype, offset, seed=case)
