@@ -89,7 +89,8 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
         name = f"heuristic: {heuristic!r}"
     else:
         name = repr(cfg)
-    return dict(kernel=kernel, mode=mode, m=m, n=n, config=name, us=sec * 1e6, tbps=timing.tbps(mode, m, n, itemsize, sec))
+    return dict(kernel=kernel, mode=mode, m=m, n=n, config=name, us=sec * 1e6,
+                tbps=timing.tbps(mode, m, n, itemsize, sec))
 
 
 def run(shapes, dtype: str, casting: str, quick: bool) -> dict:
