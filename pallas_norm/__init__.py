@@ -15,7 +15,7 @@ from .semantics import CASTINGS
 from .xla import rms_norm_reference
 
 __all__ = ["CASTINGS", "Config", "IMPLS", "rms_norm", "rms_norm_reference", "rms_norm_with_rstd", "nnx"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version string (pyproject.toml reads it; `pallas-norm --version` prints it)
 
 
 def __getattr__(name: str):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import math
 
 import pytest
 
+import pallas_norm
 from pallas_norm_tools import cli, parity
 from pallas_norm_tools.cli import check, training
 
@@ -16,17 +18,25 @@ from helpers import DEVICE, KERNEL, one_ulp_off
 SMALL = [parity.Case("llama", 0.0, "bfloat16", (3, 5, 160)), parity.Case("gemma", 1.0, "float16", (7, 1000))]
 
 
-def run_check(monkeypatch, tmp_path, capsys, impls=None):
+def run_check(monkeypatch, tmp_path, capsys, impls=None, *flags):
     monkeypatch.setattr(parity, "cases", lambda device, quick=False: SMALL)
     if impls is not None:
         monkeypatch.setattr(parity, "implementations", lambda device: impls)
     out = tmp_path / "check.json"
-    code = cli.main(["check", "--device", DEVICE, "--json", str(out)])
+    code = cli.main(["check", "--device", DEVICE, "--json", str(out), *flags])
     return code, capsys.readouterr().out, json.loads(out.read_text())
 
 
-def test_check_prints_the_table_and_passes(monkeypatch, tmp_path, capsys):
+def test_check_prints_one_line_per_implementation_and_passes(monkeypatch, tmp_path, capsys):
     code, text, report = run_check(monkeypatch, tmp_path, capsys)
+    assert code == 0 and "2 cases, 2 passed, 0 failed" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert "2/2" in lines[KERNEL] and "2/2" in lines["triton"] and "≡ JAX kernel in 2/2" in lines["pallas_dlpack"]
+    assert "not bounded (a peer)" in lines["hf"] and "llama +0 bf16 3x5x160" not in text
+
+
+def test_check_verbose_prints_every_case(monkeypatch, tmp_path, capsys):
+    code, text, report = run_check(monkeypatch, tmp_path, capsys, None, "--verbose")
     assert code == 0 and "2 cases, 2 passed, 0 failed" in text
     assert "llama +0 bf16 3x5x160" in text and "gemma +1 f16 7x1000" in text and "tolerance" in text
     assert report["summary"]["failed"] == 0 and {KERNEL, "pallas_dlpack", "triton", "hf"} <= set(
@@ -41,6 +51,7 @@ def test_check_fails_with_exit_1_and_names_the_failure(monkeypatch, tmp_path, ca
     code, text, report = run_check(monkeypatch, tmp_path, capsys, impls)
     assert code == 1 and "2 failed" in text and "FAILED" in text
     assert f"pallas_dlpack y: not bit-identical to {KERNEL}" in text
+    assert "≡ JAX kernel in 0/2" in text and "0/2" in next(x for x in text.splitlines() if x.startswith(" pallas_dlpack"))
     assert report["summary"]["failed"] == 2 and not report["results"][0]["passed"]
 
 
@@ -90,4 +101,8 @@ def test_usage_errors_list_the_choices(capsys):
     with pytest.raises(SystemExit):
         cli.main([])
     assert "check,bench,train" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"pallas-norm {pallas_norm.__version__}"
+    assert importlib.metadata.version("pallas-norm") == pallas_norm.__version__  # one version string
     assert check.resolve_device("cuda" if DEVICE == "cpu" else "cpu") in (None, "cpu")

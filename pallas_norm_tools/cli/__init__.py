@@ -1,6 +1,6 @@
 """The ``pallas-norm`` command line (also ``python -m pallas_norm_tools`` and ``python -m pallas_norm``).
 
-    pallas-norm check  [--quick] [--device auto|cpu|cuda] [--json FILE]     # the parity matrix, both stacks
+    pallas-norm check  [--quick] [--device auto|cpu|cuda] [--json FILE] [--verbose]   # the parity matrix
     pallas-norm bench  [python -m bench's options]                          # the benchmark suite (GPU)
     pallas-norm train  [--model llama|gemma2|qwen2] [--layers 2,4,8,16] [--steps N] [--dtype bf16]
                        [--framework torch|jax] [--out DIR]                  # patched vs unpatched training
@@ -18,6 +18,7 @@ import pathlib
 import subprocess
 import sys
 
+import pallas_norm
 from pallas_norm import registry
 from pallas_norm_tools.cli.common import DTYPES, MissingExtra, fail, require
 
@@ -48,12 +49,14 @@ def _positive(text: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pallas-norm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"pallas-norm {pallas_norm.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="{check,bench,train}")
     c = sub.add_parser("check", help="parity matrix: every implementation vs the float64 reference, and each other")
     c.add_argument("--quick", action="store_true", help="one shape per device instead of three")
     c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if torch sees one, else CPU through the interpreters")
     c.add_argument("--json", metavar="FILE", help="also write every case's errors, bounds and failures as JSON")
+    c.add_argument("--verbose", action="store_true", help="every case and output, not one line per implementation")
     sub.add_parser("bench", help="the benchmark suite (GPU): table, CSV and PNG; see `pallas-norm bench -h`",
                    add_help=False)
     t = sub.add_parser("train", help="tiny models trained with and without the kernel; loss/grad-norm CSV and PNG")
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             require("check", NEEDS["check"])
             from pallas_norm_tools.cli import check
 
-            return check.main(device=args.device, quick=args.quick, json_path=args.json)
+            return check.main(device=args.device, quick=args.quick, json_path=args.json, verbose=args.verbose)
         require(f"train --framework {args.framework}", NEEDS[f"train {args.framework}"])
         from pallas_norm_tools.cli import train
 
