@@ -45,3 +45,20 @@ def check_inputs(x: object, weight: object, eps: object, offset: object, casting
                              f"{sorted(map(str, w_devices))}")
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
     return jnp.asarray(x), None if weight is None else jnp.asarray(weight), eps, offset, casting
+
+
+def last_axis_only(axes: object, ndim: int) -> bool:
+    """Whether ``axes`` (an int or a sequence, as Flax's ``reduction_axes``/``feature_axes``) names the last axis only."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes) if isinstance(axes, (tuple, list)) else None
+    return axes is not None and len(axes) == 1 and isinstance(axes[0], int) and axes[0] % max(ndim, 1) == ndim - 1
+
+
+def check_flax_options(module: str, *, reduction_axes, feature_axes, axis_name, ndim: int) -> None:
+    """Refuse the options of Flax's RMSNorm that pallas-norm does not implement, naming the Flax module to use."""
+    for name, axes in (("reduction_axes", reduction_axes), ("feature_axes", feature_axes)):
+        if not last_axis_only(axes, ndim):
+            raise ValueError(f"{name} must be the last axis (-1) for {module}, got {axes!r}; use Flax's own RMSNorm "
+                             "to normalise over other axes")
+    if axis_name is not None:
+        raise ValueError(f"axis_name must be None for {module} (rows are normalised independently; shard the rows, "
+                         f"not the hidden axis), got {axis_name!r}")
