@@ -48,7 +48,7 @@ def check_inputs(x: object, weight: object, eps: object, offset: object, casting
 
 
 def last_axis_only(axes: object, ndim: int) -> bool:
-    """Whether ``axes`` (an int or a sequence, as Flax's ``reduction_axes``/``feature_axes``) names the last axis only."""
+    """Whether ``axes`` (an int or a sequence, as Flax's ``reduction_axes``/``feature_axes``) is the last axis only."""
     axes = (axes,) if isinstance(axes, int) else tuple(axes) if isinstance(axes, (tuple, list)) else None
     return axes is not None and len(axes) == 1 and isinstance(axes[0], int) and axes[0] % max(ndim, 1) == ndim - 1
 
