@@ -1,11 +1,12 @@
 """The ``pallas-norm`` command line (also ``python -m pallas_norm_tools`` and ``python -m pallas_norm``).
 
     pallas-norm check  [--quick] [--device auto|cpu|cuda] [--json FILE] [--verbose]   # the parity matrix
+    pallas-norm check  --model DIR [--backend B] [--batches N]   # is it safe on the HF model saved in DIR?
     pallas-norm bench  [python -m bench's options]                          # the benchmark suite (GPU)
     pallas-norm train  [--model llama|gemma2|qwen2] [--layers 2,4,8,16] [--steps N] [--dtype bf16]
                        [--framework torch|jax] [--out DIR]                  # patched vs unpatched training
 
-``check`` needs the ``torch`` extra; ``train`` the ``hf`` and ``plot`` extras (``--framework jax`` only ``plot``);
+``check`` needs the ``torch`` extra (``check --model`` the ``hf`` extra); ``train`` the ``hf`` and ``plot`` extras (``--framework jax`` only ``plot``);
 ``bench`` a CUDA GPU and a source checkout (``bench/`` is not part of the wheel). A command whose extra is
 missing says which ``pip install`` brings it. Exit codes: 0 ok, 1 a check failed (or training hit a NaN/Inf),
 2 usage errors (no GPU for ``bench``, unknown names, a missing extra).
@@ -25,6 +26,7 @@ from pallas_norm_tools.cli.common import DTYPES, MissingExtra, fail, require
 MODELS = ("llama", "gemma2", "qwen2")
 NEEDS = {
     "check": {"torch": "torch", "triton": "torch"},
+    "check --model": {"torch": "hf", "triton": "hf", "transformers": "hf"},
     "train torch": {"torch": "hf", "transformers": "hf", "matplotlib": "plot"},
     "train jax": {"matplotlib": "plot"},
 }
@@ -57,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
                    help="auto: the GPU if torch sees one, else CPU through the interpreters")
     c.add_argument("--json", metavar="FILE", help="also write every case's errors, bounds and failures as JSON")
     c.add_argument("--verbose", action="store_true", help="every case and output, not one line per implementation")
+    c.add_argument("--model", metavar="DIR", help="instead of the matrix: patch the Hugging Face model saved in DIR "
+                   "(save_pretrained output, no downloads) and compare its logits, loss and gradients with the "
+                   "unpatched model against float64")
+    c.add_argument("--backend", choices=registry.TORCH_BACKENDS, default=registry.DEFAULT_TORCH_BACKEND,
+                   help="torch_bridge backend of the patched model (--model)")
+    c.add_argument("--batches", type=_positive, default=3, help="random batches compared (--model)")
     sub.add_parser("bench", help="the benchmark suite (GPU): table, CSV and PNG; see `pallas-norm bench -h`",
                    add_help=False)
     t = sub.add_parser("train", help="tiny models trained with and without the kernel; loss/grad-norm CSV and PNG")
@@ -90,6 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(argv[1:])
     args = parser().parse_args(argv)
     try:
+        if args.command == "check" and args.model:
+            require("check --model", NEEDS["check --model"])
+            from pallas_norm_tools.cli import check, check_model
+
+            device = check.resolve_device(args.device)
+            if device is None:
+                return fail("pallas-norm check: --device cuda, but torch sees no CUDA GPU")
+            if not (pathlib.Path(args.model) / "config.json").is_file():
+                return fail(f"pallas-norm check --model: {args.model} holds no config.json (a directory written by "
+                            "save_pretrained is expected; nothing is downloaded)")
+            return check_model.main(args.model, device=device, backend=args.backend, batches=args.batches,
+                                    json_path=args.json)
         if args.command == "check":
             require("check", NEEDS["check"])
             from pallas_norm_tools.cli import check
