@@ -5,11 +5,13 @@
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
+    python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
 suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, small calls, the targets (table, CSV,
 PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
-large-call cost, layer by layer. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or
-without torch) says so and exits 2; ``render`` runs anywhere.
+large-call cost, layer by layer. summary: the README's speed table from the committed results. Files are named
+by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
+``summary`` run anywhere.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "render")
+COMMANDS = ("suite", "sweep", "overhead", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -67,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
+    s = sub.add_parser("summary")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--write", metavar="FILE", help="replace the summary block between the markers in FILE")
+    g.add_argument("--check", metavar="FILE", help="exit 1 if FILE's block differs from the committed results'")
     return p
 
 
@@ -75,6 +81,21 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv = ["suite", *argv]
     args = parser().parse_args(argv)
+    if args.command == "summary":
+        from bench import summary
+
+        block = summary.table()
+        path = pathlib.Path(args.write or args.check or "")
+        if args.write:
+            path.write_text(summary.replace_block(path.read_text(), block))
+        elif args.check:
+            if summary.replace_block(path.read_text(), block) != path.read_text():
+                print(f"python -m bench summary: {path}'s speed table differs from bench/results; run "
+                      f"`python -m bench summary --write {path}`", file=sys.stderr)
+                return 1
+        else:
+            print(block)
+        return 0
     out = pathlib.Path(args.out)
     if args.command == "render":
         print("\n".join(map(str, render(args.runs, out))))
