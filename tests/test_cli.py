@@ -6,6 +6,7 @@ import csv
 import importlib.metadata
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -104,5 +105,15 @@ def test_usage_errors_list_the_choices(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"pallas-norm {pallas_norm.__version__}"
-    assert importlib.metadata.version("pallas-norm") == pallas_norm.__version__  # one version string
+
+
+def test_one_version_string():
+    """pyproject.toml reads ``pallas_norm.__version__``; an installed distribution reports it."""
+    text = (pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and 'version = { attr = "pallas_norm.__version__" }' in text
+    try:
+        installed = importlib.metadata.version("pallas-norm")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree (the GPU device): nothing installed
+        return
+    assert installed == pallas_norm.__version__
     assert check.resolve_device("cuda" if DEVICE == "cpu" else "cpu") in (None, "cpu")
