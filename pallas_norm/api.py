@@ -32,7 +32,8 @@ def check_configs(impl: str, **configs: object) -> None:
         if config is not None and not isinstance(config, Config):
             raise TypeError(f"{name} must be a pallas_norm.pallas_config.Config or None, got {type(config).__name__}")
         if config is not None and impl == "xla":
-            raise ValueError(f"{name} tiles the Pallas kernels; impl='xla' takes none (got {config})")
+            raise ValueError(f"{name} tiles the Pallas kernels; impl='xla' takes none (got {config}; impl=None is "
+                             "'xla' where JAX sees no GPU: pass impl='interpret' to tile the interpreted kernels)")
 
 
 def rms_norm(
