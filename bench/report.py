@@ -20,7 +20,7 @@ ENV_KEYS = ("gpu", "driver", "jax", "torch", "triton", "date", "dtype", "casting
 CSV_KEYS = ("provider", "mode", "m", "n", "us", "tbps", "pct_copy", "peak_mb", "small", "error")
 
 
-def _pct(row: dict, copy: float) -> float | None:
+def pct(row: dict, copy: float) -> float | None:
     """% of the copy bandwidth measured in the row's own run (``copy`` for rows that lack it)."""
     if "tbps" not in row:
         return None
@@ -32,10 +32,10 @@ def _cell(row: dict | None, copy: float) -> str:
         return "–"
     if "error" in row:
         return "err"
-    return f"{row['tbps']:.2f} ({_pct(row, copy):.0f}%)"
+    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%)"
 
 
-def _index(rows: list[dict]) -> dict:
+def index(rows: list[dict]) -> dict:
     return {(r["provider"], r["mode"], r["m"], r["n"], bool(r.get("small"))): r for r in rows}
 
 
@@ -46,7 +46,7 @@ def _shapes(rows: list[dict]) -> list[tuple[int, int]]:
 def markdown(result: dict) -> str:
     env, rows = result["env"], result["rows"]
     copy = env["copy_tbps"]
-    idx = _index(rows)
+    idx = index(rows)
     provs = list(dict.fromkeys(r["provider"] for r in rows))
     out = [f"# RMSNorm benchmark: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
            f"{env['date']} · driver {env['driver']} · jax {env['jax']} · torch {env['torch']} · triton "
@@ -100,17 +100,17 @@ def best_peer(idx: dict, provs: list[str], mode: str, m: int, n: int) -> tuple[s
 def targets(result: dict) -> list[str]:
     """The targets, each with its measured value and a ✓/✗, for Pallas in JAX (and our torch backends)."""
     env, rows = result["env"], result["rows"]
-    copy, idx = env["copy_tbps"], _index(rows)
+    copy, idx = env["copy_tbps"], index(rows)
     shapes = _shapes(rows)
     provs = list(dict.fromkeys(r["provider"] for r in rows))
     lines = ["## Targets (Pallas in JAX unless named)", "", "| target | measured | met |", "|---|---|---|"]
     for mode, where, frac, text in TARGETS:
         vals = [(m, n, idx.get(("pallas", mode, m, n, False), {})) for m, n in shapes if where(n)]
-        vals = [(m, n, r["tbps"], _pct(r, copy)) for m, n, r in vals if "tbps" in r]
+        vals = [(m, n, r["tbps"], pct(r, copy)) for m, n, r in vals if "tbps" in r]
         if vals:
-            m, n, tbps, pct = min(vals, key=lambda t: t[3])
-            lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({pct:.0f}%) at {m}×{n} | "
-                         f"{'✓' if pct >= 100 * frac else '✗'} |")
+            m, n, tbps, share = min(vals, key=lambda t: t[3])
+            lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n} | "
+                         f"{'✓' if share >= 100 * frac else '✗'} |")
     for mode in ("fwd", "bwd", "fwd+bwd"):
         behind = []
         for m, n in shapes:
@@ -135,7 +135,7 @@ def csv_text(result: dict) -> str:
     writer = csv.DictWriter(buf, fieldnames=ENV_KEYS + CSV_KEYS, extrasaction="ignore")
     writer.writeheader()
     for r in result["rows"]:
-        writer.writerow({**env, **r, "pct_copy": _pct(r, copy)})
+        writer.writerow({**env, **r, "pct_copy": pct(r, copy)})
     return buf.getvalue()
 
 

@@ -95,10 +95,14 @@ def make_inputs(shape: Sequence[int], dtype: str | np.dtype, offset: float = 0.0
 
 # --- the formulas (docs/semantics.md), for one block of rows ------------------------------------------------------
 
-def _rounder(dt: np.dtype, ct: np.dtype, keep: bool) -> Callable[[np.ndarray], np.ndarray]:
-    """r(v): round ``v`` (compute dtype ``ct``) to ``dt`` and widen back; the identity when not ``keep``."""
-    if not keep or dt.itemsize >= ct.itemsize:
-        return lambda v: v
+def _identity(v: np.ndarray) -> np.ndarray:
+    return v
+
+
+def _rounder(dt: np.dtype, ct: np.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """r(v): round ``v`` (compute dtype ``ct``) to ``dt`` and widen back (the identity when ``dt`` is as wide)."""
+    if dt.itemsize >= ct.itemsize:
+        return _identity
     return lambda v: v.astype(dt).astype(ct)
 
 
@@ -163,29 +167,37 @@ class Reference:
         err = self.naive_error[o] if baseline is None else self.error(o, baseline)
         return 2 * err + self.atol(o)
 
-    def failures(self, name: str, outputs: Sequence | Mapping, *, only: Sequence[str] = OUTPUTS, bounded: bool = True,
-                 rounding_points: bool = True, baseline: Sequence | None = None) -> list[str]:
-        """Every way ``outputs`` (``(y, dx, dweight)`` or a dict of them) break the rule, as messages starting
-        with ``"<name> <output>"``; empty when they pass. ``only`` limits the outputs judged; ``bounded=False``
-        checks dtypes, shapes and rounding points only (a peer's outputs); ``baseline`` replaces the naive
-        formula in the bound and the rounding-point check."""
+    def failures(self, name: str, outputs: Sequence | Mapping, **kw) -> list[str]:
+        """Every way ``outputs`` break the rule (:meth:`judge`'s second result)."""
+        return self.judge(name, outputs, **kw)[1]
+
+    def judge(self, name: str, outputs: Sequence | Mapping, *, only: Sequence[str] = OUTPUTS, bounded: bool = True,
+              rounding_points: bool = True, baseline: Sequence | None = None) -> tuple[dict[str, float], list[str]]:
+        """``(errors, failures)`` of ``outputs`` (``(y, dx, dweight)`` or a dict of them): each judged output's
+        ``max |out − exact|`` (inf when its dtype or shape is wrong), and every way they break the rule, as
+        messages starting with ``"<name> <output>"`` (empty when they pass). ``only`` limits the outputs judged;
+        ``bounded=False`` checks dtypes, shapes and rounding points only (a peer's outputs); ``baseline``
+        replaces the naive formula in the bound and the rounding-point check."""
         outs = dict(outputs) if isinstance(outputs, Mapping) else dict(zip(OUTPUTS, outputs))
         base = dict(self.naive) if baseline is None else dict(zip(OUTPUTS, baseline))
-        found = []
+        found, errors = [], {}
         for o in only:
             want, out = self.naive[o], outs.get(o)
             who = f"{name} {o}".strip()
             if want is None or out is None:
                 if (want is None) != (out is None):
+                    errors[o] = math.inf
                     found.append(f"{who}: {'missing' if out is None else 'given'}, expected "
                                  f"{'an array' if out is None else 'none (no weight)'}")
                 continue
             out = np.asarray(out)
             if out.dtype != want.dtype or out.shape != want.shape:
+                errors[o] = math.inf
                 found.append(f"{who}: {out.dtype} {out.shape}, expected {want.dtype} {want.shape}")
                 continue
+            err = errors[o] = self.error(o, out)
             if bounded:
-                err, bound = self.error(o, out), self.bound(o, None if baseline is None else base[o])
+                bound = self.bound(o, None if baseline is None else base[o])
                 if math.isinf(err) and not np.all(np.isfinite(out.astype(F64))):
                     found.append(f"{who}: non-finite values")
                 elif not err <= bound:
@@ -198,7 +210,7 @@ class Reference:
                                                  self.tie_rows if naive and o == "y" else None)
                 if failure:
                     found.append(failure)
-        return found
+        return errors, found
 
 
 def reference(x, weight, dy, *, eps: float, offset: float, casting: str) -> Reference:
@@ -210,16 +222,16 @@ def reference(x, weight, dy, *, eps: float, offset: float, casting: str) -> Refe
     x2, dy2 = _rows2d(x), _rows2d(dy)
     m, n = x2.shape
     ct = F64 if dt == F64 else F32  # the naive formula's compute dtype (the Triton kernel's for float64 x)
-    r32, keep64 = _rounder(dt, ct, True), _rounder(dt, F64, False)
+    r32 = _rounder(dt, ct)
     w64, w32 = (None if w is None else rowmath.effective_weight(w.astype(c), c.type(offset), casting, r)
-                for c, r in ((F64, keep64), (ct, r32)))
+                for c, r in ((F64, _identity), (ct, r32)))
     exact = {"y": np.empty((m, n), F64), "dx": np.empty((m, n), F64)}
     naive = {"y": np.empty((m, n), dt), "dx": np.empty((m, n), dt)}
     unrounded = {"y": np.empty((m, n), ct), "dx": np.empty((m, n), ct)}
     tie_rows = np.zeros(m, bool) if casting == "none" and dt.itemsize == 2 else None
 
     def run(rows: slice):
-        y, dx, dw, rstd, g = _block(x2[rows], w64, dy2[rows], eps=eps, casting=casting, ct=F64, r=keep64)
+        y, dx, dw, rstd, g = _block(x2[rows], w64, dy2[rows], eps=eps, casting=casting, ct=F64, r=_identity)
         exact["y"][rows], exact["dx"][rows] = y, dx
         ny, ndx, ndw, nrstd, _ = _block(x2[rows], w32, dy2[rows], eps=eps, casting=casting, ct=ct, r=r32)
         if tie_rows is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import jax
 
-TESTED = ((0, 11), (0, 12))  # JAX minor versions whose private modules this file was written against
+TESTED = (0, 11)  # the JAX minor version whose private modules this file was written and tested against
 _touched: set[str] = set()
 
 
@@ -23,7 +23,7 @@ class JaxInternalsMoved(RuntimeError):
 
 
 def _tested() -> bool:
-    return TESTED[0] <= tuple(jax.__version_info__[:2]) <= TESTED[-1]
+    return tuple(jax.__version_info__[:2]) == TESTED
 
 
 def _private(what: str, load: Callable):
@@ -32,8 +32,8 @@ def _private(what: str, load: Callable):
     try:
         return load()
     except (ImportError, AttributeError) as err:
-        tested = " and ".join(f"{a}.{b}" for a, b in TESTED)
-        hint = "" if _tested() else " (outside the tested versions: pin jax to one of them)"
+        tested = ".".join(map(str, TESTED))
+        hint = "" if _tested() else f" (not the tested version: pin jax=={tested}.*)"
         raise JaxInternalsMoved(f"pallas-norm needs {what} from JAX's private modules; it was written against jax "
                                 f"{tested}, and jax {jax.__version__} does not have it{hint}: {err}") from err
 

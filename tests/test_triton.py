@@ -16,7 +16,7 @@ from helpers import TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, tor
 from helpers import triton_rms_norm
 
 CASTINGS = ("llama", "gemma", "none")
-rms_norm = triton_rms_norm()
+rms_norm = triton_rms_norm
 
 
 def run_kernel(x, w, dy, backend="triton", **kw):

@@ -16,7 +16,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from helpers import DEVICE, judge, torch_results, triton_rms_norm
 
-rms_norm = triton_rms_norm()
+rms_norm = triton_rms_norm
 
 MODULES = {
     "llama": (LlamaRMSNorm, "llama", 0.0),

@@ -44,6 +44,12 @@ def rstd_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def rows(x: torch.Tensor) -> tuple[int, int]:
+    """``(M, N)``: the rows and the row length of ``x`` of any leading shape (what kernels address by pointer)."""
+    n = x.shape[-1]
+    return x.numel() // n, n
+
+
 def kernel_ready(t: torch.Tensor | None) -> torch.Tensor | None:
     """``t`` contiguous and 32-byte aligned (the kernels' pointer contract); copies only when it is not."""
     if t is None:

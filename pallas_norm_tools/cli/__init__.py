@@ -8,8 +8,8 @@
 
 ``check`` needs the ``torch`` extra (``check --model`` the ``hf`` extra); ``train`` the ``hf`` and ``plot``
 extras (``--framework jax`` only ``plot``); ``bench`` a CUDA GPU and a source checkout (``bench/`` is not part of
-the wheel). A command whose extra is missing says which ``pip install`` brings it. Exit codes: 0 ok, 1 a check failed (or training hit a NaN/Inf),
-2 usage errors (no GPU for ``bench``, unknown names, a missing extra).
+the wheel). A command whose extra is missing says which ``pip install`` brings it. Exit codes: 0 ok, 1 a check
+failed (or training hit a NaN/Inf), 2 usage errors (no GPU for ``bench``, unknown names, a missing extra).
 """
 
 from __future__ import annotations
