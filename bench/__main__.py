@@ -4,12 +4,14 @@
                             [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
+    python -m bench step [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
 suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, small calls, the targets (table, CSV,
 PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
-large-call cost, layer by layer. summary: the README's speed table from the committed results. Files are named
+large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
+and Gemma2 stacks, norms by provider. summary: the README's speed table from the committed results. Files are named
 by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
 ``summary`` run anywhere.
 """
@@ -23,7 +25,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -66,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     o = sub.add_parser("overhead")
     o.add_argument("--calls", type=int, default=2000, help="back-to-back calls per timing loop (small call)")
     o.add_argument("--out", default="bench/results")
+    st = sub.add_parser("step")
+    st.add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -113,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         stem.with_suffix(".md").write_text(overhead.markdown(result))
         overhead.plot(result, stem.with_suffix(".png"))
         print(overhead.markdown(result))
+        return 0
+    if args.command == "step":
+        from bench import step
+
+        result = step.run()
+        stem = out / f"step_{timing.gpu_slug(result['env']['gpu'])}"
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        stem.with_suffix(".md").write_text(step.markdown(result))
+        step.plot(result, stem.with_suffix(".png"))
+        print(step.markdown(result))
         return 0
     if args.command == "sweep":
         from bench import sweep

@@ -78,6 +78,26 @@ def per_call(fn: Callable, sync: Callable, calls: int, repeats: int = 7) -> floa
     return statistics.median(samples)
 
 
+def per_call_interleaved(fns: dict[str, Callable], sync: Callable, calls: int, repeats: int = 9
+                         ) -> dict[str, float]:
+    """``per_call`` for several functions whose loops take turns (one loop each per round, ``repeats`` rounds):
+    a host whose speed drifts during the run (the H100 host's did, by up to 1.7× between runs) then shifts them
+    together, so ratios between them hold."""
+    for fn in fns.values():
+        for _ in range(max(10, calls // 10)):
+            out = fn()
+        sync(out)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                out = fn()
+            sync(out)
+            samples[name].append((time.perf_counter() - t0) / calls)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
 def torch_sync(_=None) -> None:
     import torch
 

@@ -10,12 +10,13 @@ name               stack  what runs
 ``pallas``         jax    the Pallas kernels, compiled (GPU)
 ``interpret``      jax    the Pallas kernels run by Pallas's interpreter (any backend; CPU tests)
 ``xla``            jax    the same row math as plain ``jax.numpy`` compiled by XLA
-``pallas_launch``  torch  the Pallas-generated Triton IR compiled by torch's Triton, launched on torch's stream
+``pallas_launch``  torch  the binaries XLA compiled for ``pallas`` (JAX's bits), launched on torch's stream
 ``pallas_dlpack``  torch  the JAX functions of ``pallas``/``interpret`` on torch tensors through DLPack: JAX's bits
 ``triton``         torch  the Triton reference kernel (also float64)
 =================  =====  ======================================================================================
 
-``torch_bridge``'s ``backend="pallas"`` is an alias of the default torch backend (today ``pallas_dlpack``).
+``torch_bridge``'s ``backend="pallas"`` (the default) is an alias: ``pallas_launch`` for CUDA tensors,
+``pallas_dlpack`` for the rest (:func:`resolve_torch`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
     Implementation("pallas", "jax", "Pallas in JAX", cuda_only=True),
     Implementation("interpret", "jax", "Pallas in JAX (interpreter)"),
     Implementation("xla", "jax", "XLA in JAX"),
-    Implementation("pallas_launch", "torch", "Pallas IR launched by torch", cuda_only=True),
+    Implementation("pallas_launch", "torch", "Pallas binaries launched by torch", cuda_only=True,
+                   same_bits_as="pallas"),
     Implementation("pallas_dlpack", "torch", "Pallas via DLPack", same_bits_as="pallas"),
     Implementation("triton", "torch", "Triton (ours)", float64=True),
 )
 BY_NAME: dict[str, Implementation] = {i.name: i for i in IMPLEMENTATIONS}
-TORCH_ALIASES: dict[str, str] = {"pallas": "pallas_dlpack"}
+TORCH_ALIASES: dict[str, tuple[str, str]] = {"pallas": ("pallas_launch", "pallas_dlpack")}  # (CUDA, elsewhere)
 DEFAULT_TORCH_BACKEND = "pallas"
 
 JAX_IMPLS: tuple[str, ...] = tuple(i.name for i in IMPLEMENTATIONS if i.stack == "jax")
@@ -60,11 +62,18 @@ def jax_impl(impl: object) -> str:
     return impl
 
 
-def torch_backend(backend: object) -> Implementation:
-    """The torch implementation a ``backend`` name (or alias) selects; ``ValueError`` listing the choices."""
+def torch_backend(backend: object, cuda: bool = False) -> Implementation:
+    """The torch implementation a ``backend`` name (or alias) selects for CUDA tensors (``cuda``) or others;
+    ``ValueError`` listing the choices."""
     if not isinstance(backend, str) or backend not in TORCH_BACKENDS:
         raise ValueError(f"backend must be one of {TORCH_BACKENDS}, got {backend!r}")
-    return BY_NAME[TORCH_ALIASES.get(backend, backend)]
+    return BY_NAME[resolve_torch(backend, cuda)]
+
+
+def resolve_torch(backend: str, cuda: bool) -> str:
+    """The implementation name that runs for ``backend`` (an alias or a name) on CUDA tensors or others."""
+    choices = TORCH_ALIASES.get(backend)
+    return backend if choices is None else choices[0 if cuda else 1]
 
 
 def label(name: str) -> str:

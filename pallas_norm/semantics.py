@@ -10,6 +10,8 @@ import math
 from numbers import Real
 
 CASTINGS: tuple[str, ...] = ("llama", "gemma", "none")
+_PLAIN = (float, int)
+_CHECKED: dict[tuple, tuple[float, float, str]] = {}  # plain Python arguments already found valid
 
 
 def check_scalars(eps: object, offset: object, casting: object, *, has_weight: bool) -> tuple[float, float, str]:
@@ -17,7 +19,15 @@ def check_scalars(eps: object, offset: object, casting: object, *, has_weight: b
 
     Raises ``TypeError`` for a non-real ``eps``/``offset`` or a non-string ``casting`` and ``ValueError`` for
     ``eps`` not finite and > 0, a non-finite ``offset``, an unknown ``casting``, or ``offset != 0`` without weight.
+    Plain ``float``/``int``/``str`` arguments found valid once are looked up afterwards (a torch call's host budget
+    is a few µs).
     """
+    key = None
+    if type(eps) in _PLAIN and type(offset) in _PLAIN and type(casting) is str:
+        key = (type(eps), eps, type(offset), offset, casting, has_weight)
+        hit = _CHECKED.get(key)
+        if hit is not None:
+            return hit
     if isinstance(eps, bool) or not isinstance(eps, Real):
         raise TypeError(f"eps must be a real number > 0, got {type(eps).__name__}")
     if not (math.isfinite(float(eps)) and float(eps) > 0.0):
@@ -32,4 +42,7 @@ def check_scalars(eps: object, offset: object, casting: object, *, has_weight: b
         raise ValueError(f"casting must be one of {CASTINGS}, got {casting!r}")
     if not has_weight and float(offset) != 0.0:
         raise ValueError(f"offset must be 0.0 when weight is None (offset scales the weight), got {offset!r}")
-    return float(eps), float(offset), casting
+    result = float(eps), float(offset), casting
+    if key is not None and len(_CHECKED) < 4096:
+        _CHECKED[key] = result
+    return result

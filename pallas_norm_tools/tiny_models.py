@@ -19,12 +19,14 @@ FAMILIES: dict[str, tuple[type, type, dict]] = {
 
 
 def tiny_model(family: str, *, layers: int = 2, hidden: int = 64, vocab: int = 128, seed: int = 0,
-               dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
-    """``family``'s causal LM with random weights, its norms' weights perturbed away from their init."""
+               dtype: torch.dtype = torch.float32, device: str = "cpu", **config_overrides) -> torch.nn.Module:
+    """``family``'s causal LM with random weights, its norms' weights perturbed away from their init
+    (``config_overrides``: any config field, e.g. ``max_position_embeddings`` for long sequences)."""
     config_cls, model_cls, extra = FAMILIES[family]
-    config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                        attn_implementation="eager", **extra)
+    fields = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  attn_implementation="eager", **extra)
+    config = config_cls(**{**fields, **config_overrides})
     torch.manual_seed(seed)
     model = model_cls(config)
     g = torch.Generator().manual_seed(seed + 1)

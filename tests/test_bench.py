@@ -44,7 +44,7 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     assert md.name == "bench_h100_bfloat16_llama.md"  # named by the GPU of the run
     text = md.read_text()
     assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.95 TB/s (98%) at 32768×1024 | ✓ |" in text
-    assert "| Pallas IR launched by torch: small call ≤ 2× torch F.rms_norm | 1.5× – 1.5× | ✓ |" in text
+    assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 1.5× – 1.5× | ✓ |" in text
     assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%) | 1.00 (33%) | err |" in text
     assert "| M×N | Pallas in JAX | torch F.rms_norm | XLA (jit of jnp formula) | HF formula, eager |" in text
     rows = list(csv.DictReader(csv_path.open()))

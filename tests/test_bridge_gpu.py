@@ -1,6 +1,7 @@
-"""The bridge on a GPU: the DLPack route gives JAX's bits at LLM sizes, the launch route is as accurate as the
-reference kernel, no backend races torch's stream, device and host memory stay flat over 10k calls, and the launch route falls back
-to DLPack when a lowered module is not a kernel chain."""
+"""The bridge on a GPU: both Pallas routes (and the default alias) give JAX's bits at LLM sizes, the default route
+and the Triton backend are captured by CUDA graphs and ``torch.compile(mode="reduce-overhead")`` with the eager
+bits, no backend races torch's stream, device and host memory stay flat over 10k calls, and the launch route falls
+back to DLPack when a lowered module is not a kernel chain."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import jax
 import pytest
 import torch
 
-from torch_bridge import launch_route, pallas_backends, rms_norm
+from torch_bridge import RMSNorm, launch_route, pallas_backends, rms_norm
 
-from helpers import assert_same_bits, check_case, jax_results, torch_inputs, torch_results
+from helpers import assert_same_bits, jax_results, torch_inputs, torch_results
 
 pytestmark = pytest.mark.gpu
 
@@ -29,21 +30,108 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["pallas", "pallas_launch", "pallas_dlpack"])
 @pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
-def test_dlpack_route_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset, weight_dtype):
+def test_pallas_routes_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset, weight_dtype, backend):
     x, w, dy = torch_inputs(shape, dtype, offset, weight_dtype=weight_dtype, seed=4)
     kw = dict(eps=1e-6, offset=offset, casting=casting)
-    assert_same_bits(torch_results(x, w, dy, backend="pallas", **kw), jax_results(x, w, dy, **kw))
+    assert_same_bits(torch_results(x, w, dy, backend=backend, **kw), jax_results(x, w, dy, **kw))
 
 
-@pytest.mark.parametrize("shape,dtype,casting,offset,weight_dtype", SHAPES, ids=str)
-def test_launch_route_accuracy(shape, dtype, casting, offset, weight_dtype):
-    """Torch's Triton compiles the Pallas IR with another reduction order than XLA's Triton, so the launch route
-    is held to the reference kernel's rule (vs float64, and the naive formula's rounding points), not to bits.
-    Under "none" casting rstd itself is rounded to x's dtype, so a last-bit change in the float32 rstd may flip
-    that rounding and move a whole row by one ulp of rstd: there only the float64 accuracy bound applies."""
-    check_case(shape, dtype, casting, offset, weight_dtype=weight_dtype, seed=4, backend="pallas_launch",
-               rounding_points=casting != "none")
+def test_default_route_is_the_launch_route_on_cuda(monkeypatch):
+    """``backend="pallas"`` runs ``pallas_launch`` for CUDA tensors: the DLPack route is never called."""
+    x, w, dy = torch_inputs((8, 256), torch.bfloat16, 0.0, seed=2)
+
+    def refuse(*args):
+        raise AssertionError("the DLPack route ran")
+
+    monkeypatch.setattr(pallas_backends.dlpack_route, "forward", refuse)
+    monkeypatch.setattr(pallas_backends.dlpack_route, "backward", refuse)
+    torch_results(x, w, dy, backend="pallas")
+    with pytest.raises(AssertionError, match="the DLPack route ran"):
+        torch_results(x, w, dy, backend="pallas_dlpack")
+    module = RMSNorm(256, device="cuda")
+    assert "backend='pallas' (runs 'pallas_launch')" in repr(module)
+
+
+def graph_results(backend: str, shape=(8, 4096), dtype=torch.bfloat16, offset: float = 0.0, **kw):
+    """``(eager, replayed)``: y, dx, dweight of fwd+bwd on fresh inputs, eagerly and by replaying a CUDA graph
+    captured (after a warm-up on a side stream, as torch's docs ask) on other inputs, copied in before replay."""
+    x0, w0, dy0 = torch_inputs(shape, dtype, offset, seed=1)
+    x1, w1, dy1 = torch_inputs(shape, dtype, offset, seed=2)
+    xs, ws, dys = x0.clone().requires_grad_(), w0.clone().requires_grad_(), dy0.clone()
+
+    def step():
+        y = rms_norm(xs, ws, backend=backend, offset=offset, **kw)
+        return (y, *torch.autograd.grad(y, (xs, ws), dys))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    with torch.no_grad():
+        xs.copy_(x1), ws.copy_(w1), dys.copy_(dy1)
+    graph.replay()
+    replayed = [t.clone() for t in static]
+    return torch_results(x1, w1, dy1, backend=backend, offset=offset, **kw), replayed
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+@pytest.mark.parametrize("shape,offset,casting", [((8, 4096), 0.0, "llama"), ((4, 2, 65537), 1.0, "gemma")], ids=str)
+def test_cuda_graph_capture_replays_the_eager_bits(backend, shape, offset, casting):
+    eager, replayed = graph_results(backend, shape, offset=offset, casting=casting)
+    assert_same_bits(replayed, eager)
+
+
+def test_capture_check_catches_a_route_that_cannot_be_captured():
+    """The DLPack route runs the kernels on JAX's stream, which a torch capture cannot record."""
+    with pytest.raises(RuntimeError, match="captur"):
+        graph_results("pallas_dlpack")
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_forward_without_grad_gives_the_same_bits_and_is_captured(backend):
+    """A call that will not be differentiated writes rstd into a shared scratch buffer: y keeps its bits while the
+    scratch grows and is reused (M = 8, 8, 131074, 3), and a no-grad forward is captured by a CUDA graph."""
+    for shape in [(8, 4096), (8, 4096), (2, 65537), (3, 4096)]:
+        x, w, dy = torch_inputs(shape, torch.bfloat16, 0.0, seed=3)
+        with torch.no_grad():
+            y = rms_norm(x, w, backend=backend)
+        assert_same_bits([y], torch_results(x, w, dy, backend=backend)[:1])
+    (x0, w0, _), (x1, w1, _) = (torch_inputs((8, 4096), torch.bfloat16, 0.0, seed=s) for s in (1, 2))
+    xs, ws = x0.clone(), w0.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            rms_norm(xs, ws, backend=backend)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = rms_norm(xs, ws, backend=backend)
+        xs.copy_(x1), ws.copy_(w1)
+        graph.replay()
+        assert torch.equal(static, rms_norm(x1, w1, backend=backend))
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_torch_compile_reduce_overhead_gives_the_eager_bits(backend):
+    x, w, dy = torch_inputs((4, 6, 2048), torch.bfloat16, 1.0, seed=5)
+    module = RMSNorm(2048, offset=1.0, casting="gemma", backend=backend, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        module.weight.copy_(w)
+    compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up runs, then replays of the recorded graph
+        xg = x.clone().requires_grad_()
+        y = compiled(xg)
+        dx, dw = torch.autograd.grad(y, (xg, module.weight), dy)
+        got = [y.detach().clone(), dx.clone(), dw.clone()]
+    assert_same_bits(got, torch_results(x, w, dy, backend=backend, offset=1.0, casting="gemma"))
 
 
 def race_free(step, reps: int = 4, sleep_cycles: int = 40_000_000) -> bool:
@@ -140,7 +228,7 @@ def test_launch_route_falls_back_to_dlpack(monkeypatch):
 
     monkeypatch.setattr(launch_route, "forward_launcher", unsupported)
     monkeypatch.setattr(launch_route, "backward_launcher", unsupported)
-    monkeypatch.setattr(pallas_backends, "_unsupported", set())
+    monkeypatch.setattr(pallas_backends, "_LAUNCHERS", {})
     kw = dict(offset=1.0, casting="gemma")
     with pytest.warns(RuntimeWarning, match="using the DLPack route"):
         fallback = torch_results(x, w, dy, backend="pallas_launch", **kw)

@@ -203,3 +203,21 @@ def test_the_walk_catches_a_message_without_the_argument_name():
         raise ValueError("bad input")
     with pytest.raises(AssertionError):
         test_error_inputs(ErrorInput("poor", poor, lambda: dict(x=1, weight=2), ValueError, "bad input"))
+
+
+def test_scalar_checks_remembered_per_exact_arguments():
+    """``check_scalars`` looks up plain arguments it has already accepted; the lookup must not accept what the
+    checks refuse: the same values with a bool, without weight, or as NaN."""
+    from pallas_norm.semantics import check_scalars
+
+    assert check_scalars(1, 1, "gemma", has_weight=True) == (1.0, 1.0, "gemma")
+    assert check_scalars(1, 1, "gemma", has_weight=True) == (1.0, 1.0, "gemma")
+    with pytest.raises(ValueError, match="offset must be 0.0 when weight is None"):
+        check_scalars(1, 1, "gemma", has_weight=False)
+    with pytest.raises(TypeError, match="eps must be a real number"):
+        check_scalars(True, 1, "gemma", has_weight=True)
+    with pytest.raises(TypeError, match="offset must be a real number"):
+        check_scalars(1, True, "gemma", has_weight=True)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="eps must be finite"):
+            check_scalars(float("nan"), 0.0, "llama", has_weight=True)

@@ -36,8 +36,16 @@ def test_names_are_refused_by_the_other_stack():
 
 
 def test_the_default_alias_is_its_implementation():
+    """``"pallas"`` is ``pallas_launch`` on CUDA and ``pallas_dlpack`` elsewhere; both promise the JAX kernel's bits."""
     x, w, dy = torch_inputs((5, 96), torch.bfloat16, 1.0, seed=3)
     kw = dict(offset=1.0, casting="gemma")
     default = torch_results(x, w, dy, backend=registry.DEFAULT_TORCH_BACKEND, **kw)
-    assert_same_bits(default, torch_results(x, w, dy, backend=registry.TORCH_ALIASES["pallas"], **kw))
-    assert registry.BY_NAME["pallas_dlpack"].same_bits_as == "pallas" and KERNEL in registry.BY_NAME
+    assert_same_bits(default, torch_results(x, w, dy, backend=registry.resolve_torch("pallas", x.is_cuda), **kw))
+    assert registry.resolve_torch("pallas", True) == "pallas_launch"
+    assert registry.resolve_torch("pallas", False) == registry.resolve_torch("pallas_dlpack", True) == "pallas_dlpack"
+    assert all(registry.BY_NAME[n].same_bits_as == "pallas" for n in registry.TORCH_ALIASES["pallas"])
+    assert KERNEL in registry.BY_NAME
+    module = torch_bridge.RMSNorm(8)
+    assert "backend='pallas' (runs 'pallas_dlpack')" in repr(module)
+    assert "(runs 'pallas_launch' on CUDA, 'pallas_dlpack' elsewhere)" in repr(
+        torch_bridge.RMSNorm(8, elementwise_affine=False))

@@ -40,3 +40,25 @@ def test_dweight_bitwise_reproducible(shape, weight_dtype):
         rms_norm(x, w).backward(dy)
         results.append(w.grad.clone())
     assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def test_repeated_calls_launch_directly_and_honour_launch_hooks():
+    """After the first call for a shape, Triton's launcher is called directly (the ``_DIRECT`` entry is set: a
+    None there means every call pays Triton's dispatcher); with a launch hook set (a profiler's) calls go
+    through Triton again, so the hook sees them."""
+    from triton import knobs
+
+    from torch_bridge import triton_launch
+
+    x, w, dy = torch_inputs((8, 4096), torch.bfloat16, 0.0, seed=9)
+    first = rms_norm(x, w)
+    keys = [k for k in triton_launch._DIRECT if k[:3] == ("fwd", 8, 4096)]
+    assert keys and all(triton_launch._DIRECT[k] is not None for k in keys)
+    assert torch.equal(rms_norm(x, w), first)
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        assert torch.equal(rms_norm(x, w), first)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert len(seen) == 1

@@ -19,6 +19,7 @@ current; an input without rows never reaches them. ``rstd`` is float32 (float64 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 
 import torch
@@ -30,10 +31,12 @@ from torch_bridge.jax_device import current_device_of
 class Kernels:
     """One backend. ``forward(x, weight, eps, offset, casting) -> (y, rstd)`` with ``y`` in x's shape and dtype
     and ``rstd`` of shape ``x.shape[:-1]``; ``backward(dy, x, weight, rstd, offset, casting, need_dx,
-    need_dweight) -> (dx, dweight)``, each None when not asked for; ``dy`` is only read."""
+    need_dweight) -> (dx, dweight)``, each None when not asked for; ``dy`` is only read. ``forward_y``, when
+    given, returns ``y`` alone, for calls that will not ask for a gradient (cheaper than dropping rstd)."""
 
     forward: Callable
     backward: Callable
+    forward_y: Callable | None = None
 
 
 _KERNELS: dict[str, Kernels] = {}
@@ -42,6 +45,28 @@ _FAMILY: dict[str, str] = {}  # backend -> family (the ops' name prefix)
 
 def rstd_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+_SCRATCH: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # (device, dtype) -> the largest rstd scratch so far
+_RETIRED: list[torch.Tensor] = []  # smaller scratches: kernels may still be writing them, so they stay allocated
+_SCRATCH_LOCK = threading.Lock()
+
+
+def rstd_scratch(x: torch.Tensor, m: int) -> torch.Tensor:
+    """A buffer of >= m elements of x's rstd dtype on x's GPU, for an rstd nobody reads (``forward_y``). It is
+    shared by every stream: a write-write race on it is harmless, and it is never freed (a kernel queued on
+    another stream may still write it), so sizes grow by powers of two and all of them stay under twice the
+    largest."""
+    key = (x.get_device(), rstd_dtype(x))
+    scratch = _SCRATCH.get(key)
+    if scratch is None or scratch.numel() < m:
+        with _SCRATCH_LOCK:  # growing is rare; one thread at a time, so no retired buffer is lost
+            scratch = _SCRATCH.get(key)
+            if scratch is None or scratch.numel() < m:
+                if scratch is not None:
+                    _RETIRED.append(scratch)
+                scratch = _SCRATCH[key] = x.new_empty(1 << (m - 1).bit_length(), dtype=key[1])
+    return scratch
 
 
 def rows(x: torch.Tensor) -> tuple[int, int]:
@@ -73,6 +98,16 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
         if x.numel() == 0:
             return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=rstd_dtype(x))
         return kernels.forward(kernel_ready(x), kernel_ready(weight), eps, offset, casting)
+
+
+def forward_y(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
+              backend: str) -> torch.Tensor:
+    """``y`` alone by ``backend``'s ``forward_y`` (its forward's y when it has none): no gradient will follow."""
+    kernels = _kernels(backend)
+    if kernels.forward_y is None or x.numel() == 0:
+        return forward(x, weight, eps, offset, casting, backend)[0]
+    with current_device_of(x):
+        return kernels.forward_y(kernel_ready(x), kernel_ready(weight), eps, offset, casting)
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
@@ -156,6 +191,13 @@ def define(family: str, backends: dict[str, Kernels]) -> None:
     fwd_op.register_autograd(op_backward, setup_context=setup_context)
 
 
+# ``Function.apply``'s own Python layer (routing under functorch transforms, unwrapping dead functorch wrappers)
+# costs ~10 µs per call; with no transform active and no functorch-wrapped input it ends in this C entry anyway.
+_function_apply = super(torch.autograd.Function, _Function).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def apply(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
           backend: str) -> torch.Tensor:
     """``y`` by ``backend``, autograd-aware: the custom op under ``torch.compile``, else the eager path."""
@@ -163,5 +205,7 @@ def apply(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: floa
         op = getattr(torch.ops.pallas_norm, f"{_FAMILY[backend]}_rms_norm_fwd")
         return op(x, weight, eps, offset, casting, backend)[0]
     if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-        return _Function.apply(x, weight, eps, offset, casting, backend)
-    return forward(x, weight, eps, offset, casting, backend)[0]
+        if _functorch_active() or _is_wrapped(x) or (weight is not None and _is_wrapped(weight)):
+            return _Function.apply(x, weight, eps, offset, casting, backend)
+        return _function_apply(x, weight, eps, offset, casting, backend)
+    return forward_y(x, weight, eps, offset, casting, backend)

@@ -32,16 +32,38 @@ def _gpu_devices() -> dict[int, jax.Device]:
     return {int(d.local_hardware_id): d for d in devices}
 
 
-@contextlib.contextmanager
-def current_device_of(t: torch.Tensor):
+class _DeviceGuard:
+    """``t``'s GPU current inside, the caller's current device restored on exit (cheaper than
+    ``torch.cuda.device``: the bridge's per-call budget is a few µs)."""
+
+    __slots__ = ("index", "previous")
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __enter__(self) -> None:
+        self.previous = _get_device()
+        if self.previous != self.index:
+            torch.cuda.set_device(self.index)
+
+    def __exit__(self, *exc) -> None:
+        if _get_device() != self.previous:
+            torch.cuda.set_device(self.previous)
+
+
+# torch.cuda.current_device() without its lazy-init check (a CUDA tensor exists here, so CUDA is initialised)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def current_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
     """Make ``t``'s GPU torch's current device for the bridge's work, and restore the caller's current device
     afterwards, whatever JAX (initialising, compiling) set in between. Torch's DLPack export and "current
     stream" are per current device, so this is what keeps a rank's bridge on its own GPU and stream."""
-    if t.device.type != "cuda":
-        yield
-        return
-    with torch.cuda.device(t.device):
-        yield
+    index = t.get_device()
+    return _NO_GUARD if index < 0 else _DeviceGuard(index)
+
+
+_NO_GUARD = contextlib.nullcontext()
 
 
 def jax_device_for(t: torch.Tensor) -> jax.Device:

@@ -1,28 +1,32 @@
-"""The fast CUDA route: run the Pallas kernels on torch's current stream, without the JAX runtime per call.
+"""The default CUDA route: JAX's own compiled kernels, launched on torch's current stream into torch's buffers.
 
-Once per (kind, shape, dtypes, mode), ``forward_program``/``backward_program`` lower the very JAX function the JAX API runs
-(``pallas_norm.api.forward_fn`` / ``backward_fn``) and reads the lowered module. Pallas hands each kernel to
-XLA as a ``__gpu$xla.gpu.triton`` custom call whose backend config carries the kernel's Triton IR, grid and
-launch settings. The module of our functions is nothing but a chain of such calls, so it is kept as a
-``Program``: each kernel's IR is compiled by Triton (the one torch ships) and launched with torch-allocated
-buffers on torch's current stream. Stream order is therefore torch's own, and nothing is copied.
+Once per (kind, shape, dtypes, mode), the very JAX function the JAX API runs (``pallas_norm.api.forward_fn`` /
+``backward_fn``) is lowered and compiled. Pallas hands each kernel to XLA as a ``__gpu$xla.gpu.triton`` custom call
+whose backend config carries its grid and warps; our functions' modules are nothing but a chain of such calls,
+read into a ``Program`` (which buffers each kernel reads and writes). XLA's compile writes each kernel's binary
+(``xla_binaries``): the same machine code JAX launches, hence JAX's bits. Each call then allocates the results with
+torch and launches those binaries through the CUDA driver (``cuda_driver``) on torch's current stream: stream
+order is torch's own, nothing is copied or synchronised, the host cost is a few µs per kernel, and a CUDA graph
+capture records the launches.
 
-A module holding anything else raises ``UnsupportedProgram`` and the caller falls back to the DLPack route.
+A module holding anything else, a kernel cache this reader does not understand, or a missing driver binding
+raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (same bits, more host time).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import tempfile
+from collections.abc import Callable
 
 import jax
 import torch
 
 from pallas_norm import api, compat
+from torch_bridge import cuda_driver, xla_binaries
 
 TRITON_TARGET = "__gpu$xla.gpu.triton"
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device -> the cudaStream_t torch uses
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 _JAX_DTYPES = {torch.float16: jax.numpy.float16, torch.bfloat16: jax.numpy.bfloat16,
                torch.float32: jax.numpy.float32}
@@ -54,6 +58,8 @@ class Program:
     num_inputs: int
     calls: tuple[KernelCall, ...]
     outputs: tuple[int, ...]
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[torch.dtype, ...] = ()
 
 
 def _ttir_text(ir_bytes: bytes) -> str:
@@ -99,116 +105,137 @@ def parse_program(module) -> Program:
             result_shapes=tuple(tuple(t.shape) for t in types),
             result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
         ))
-    return Program(len(block.arguments), tuple(calls), outputs)
+    arg_types = [ir.RankedTensorType(a.type) for a in block.arguments]
+    return Program(len(block.arguments), tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
+                   tuple(_TORCH_DTYPES[str(t.element_type)] for t in arg_types))
 
 
 def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(s, _JAX_DTYPES[d]) for s, d in shapes_dtypes]
 
 
-def forward_program(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str) -> Program:
-    """The lowered forward ``(x2, *weight) -> (y, rstd)`` as a ``Program``."""
+def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str):
     fn = api.forward_fn(eps, offset, casting, "pallas")
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)]))
-    return parse_program(jax.jit(fn).trace(*specs).lower().compiler_ir("stablehlo"))
+    return jax.jit(fn).trace(*specs).lower()
 
 
-def backward_program(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str) -> Program:
-    """The lowered backward ``(x2, *weight, dy2, rstd) -> (dx, *dweight)`` as a ``Program``."""
+def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str):
     fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None)
     if w_dtype is None:
         fn = functools.partial(lambda f, *a: f(*a)[0], fn)
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)])
                    + [((m, n), x_dtype), ((m,), torch.float32)])
-    return parse_program(jax.jit(fn).trace(*specs).lower().compiler_ir("stablehlo"))
+    return jax.jit(fn).trace(*specs).lower()
 
 
-def _compile(call: KernelCall):
-    """Compile one kernel's Triton IR with torch's Triton for the current GPU (Triton caches on disk) and load it."""
-    import triton
-    from triton.runtime import driver
+def forward_program(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str) -> Program:
+    """The lowered forward ``(x2, *weight) -> (y, rstd)`` as a ``Program``."""
+    return parse_program(_lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting).compiler_ir("stablehlo"))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"{call.name}.ttir")
-        with open(path, "w") as f:
-            f.write(call.ttir)
-        kernel = triton.compile(path, target=driver.active.get_current_target(),
-                                options={"num_warps": call.num_warps, "num_stages": call.num_stages})
-    kernel[call.grid]  # loads the module on the current device
+
+def backward_program(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str) -> Program:
+    """The lowered backward ``(x2, *weight, dy2, rstd) -> (dx, *dweight)`` as a ``Program``."""
+    return parse_program(_lower_backward(m, n, x_dtype, w_dtype, offset, casting).compiler_ir("stablehlo"))
+
+
+def _kernel(call: KernelCall, binaries: dict[str, xla_binaries.KernelBinary], device_index: int
+            ) -> cuda_driver.CudaKernel:
+    """XLA's binary for ``call``, checked against the launch settings in its backend config, loaded."""
+    binary = binaries.get(call.name)
+    if binary is None:
+        raise UnsupportedProgram(f"XLA compiled no kernel named {call.name!r} (it has {sorted(binaries)})")
+    blocks = call.grid[0] * call.grid[1] * call.grid[2]
+    if (binary.blocks, binary.threads, binary.cluster) != (blocks, 32 * call.num_warps, None):
+        raise UnsupportedProgram(f"kernel {call.name}: XLA launches {binary.blocks} blocks of {binary.threads} "
+                                 f"threads (cluster {binary.cluster}), its config says grid {call.grid} and "
+                                 f"{call.num_warps} warps")
+    kernel = cuda_driver.CudaKernel(binary.cubin, call.name, device_index, binary.shared_bytes)
+    if len(kernel.param_sizes) < len(call.operands) + len(call.results):
+        raise UnsupportedProgram(f"kernel {call.name} takes {len(kernel.param_sizes)} parameters, fewer than its "
+                                 f"{len(call.operands) + len(call.results)} buffers")
     return kernel
 
 
-def _direct_launch(kernel, grid):
-    """``launch(stream, *tensors)`` through the C launcher Triton built for this kernel, skipping the Python
-    layers of ``kernel[grid](...)`` (several µs a call); None when the kernel needs scratch memory or launch
-    hooks are set, which only those layers handle."""
-    from triton import knobs
+def _allocator(program: Program, shape: tuple[int, ...], dtype: torch.dtype, out_pos: int | None,
+               like: dict[int, int]) -> Callable:
+    """``alloc(inputs, out)`` giving one result buffer: the caller's tensor ``out[out_pos]`` when it passes one,
+    else made the cheapest way torch offers: ``empty_like`` of an input of the same size and dtype (for a program
+    output, only the input the caller declared it ``like``), else ``new_empty`` in the caller's shape
+    (``out[out_pos]``) when given."""
+    candidates = range(program.num_inputs) if out_pos is None else [like[out_pos]] if out_pos in like else []
+    source = next((i for i in candidates if (program.input_shapes[i], program.input_dtypes[i]) == (shape, dtype)),
+                  None)
+    if out_pos is None:
+        if source is not None:
+            return lambda inputs, out: torch.empty_like(inputs[source])
+        return lambda inputs, out: inputs[0].new_empty(shape, dtype=dtype)
 
-    run = kernel.run
-    if (run.global_scratch_size or run.profile_scratch_size or knobs.runtime.launch_enter_hook
-            or knobs.runtime.launch_exit_hook):
-        return None
-    launch, function, meta = run.launch, kernel.function, kernel.packed_metadata
-    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
-    gx, gy, gz = grid
-
-    def go(stream, *args):
-        launch(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *args)
-
-    return go
+    def alloc(inputs, out):
+        given = None if out is None else out[out_pos]
+        if given is None:
+            return torch.empty_like(inputs[source]) if source is not None else inputs[0].new_empty(shape, dtype=dtype)
+        return given if isinstance(given, torch.Tensor) else inputs[0].new_empty(given, dtype=dtype)
+    return alloc
 
 
 class Launcher:
-    """A compiled ``Program``. ``launcher(*inputs, out_shapes=...)`` allocates every result with torch (program
-    outputs in ``out_shapes`` when given: same sizes, the caller's shapes, so no views) and launches each kernel
-    on torch's current stream (``stream=`` overrides it; tests use that to emulate a broken bridge). Inputs
-    only need the right sizes: kernels see data pointers, so callers pass N-d tensors without reshaping."""
+    """A ``Program`` with its kernels (XLA's binaries, loaded; anything with ``bind(grid, threads)``).
+    ``launcher(*inputs, out=...)`` allocates every result with torch and launches each kernel on torch's current
+    stream (``stream=`` overrides it; tests use that to emulate a broken bridge). Program output ``i`` is written into ``out[i]`` when that is a tensor (contiguous, on the device, of
+    at least the result's size and its dtype); else it is made like input ``like[i]`` when their sizes and dtypes
+    agree (it takes that input's shape), else in the shape ``out[i]`` when given (same size: the caller's shape,
+    so no views), else in its program shape. Inputs only need the right sizes: kernels see data pointers, so
+    callers pass N-d tensors without reshaping."""
 
-    def __init__(self, program: Program, device_index: int):
-        self.program, self.device_index = program, device_index
+    def __init__(self, program: Program, kernels: list[cuda_driver.CudaKernel], device_index: int,
+                 like: dict[int, int] | None = None):
+        self.program, self.device_index, self.kernels = program, device_index, kernels
         self.device = torch.device("cuda", device_index)
-        kernels = [_compile(c) for c in program.calls]
-        self.launches = []
-        for call, kernel in zip(program.calls, kernels):
-            go = _direct_launch(kernel, call.grid)
-            if go is None:
-                runner = kernel[call.grid]
-                go = lambda stream, *args, runner=runner: runner(*args, stream=stream)  # noqa: E731
-            self.launches.append(go)
         out_pos = {v: i for i, v in enumerate(program.outputs)}
-        self.allocs = [tuple((out_pos.get(v), shape, dtype) for v, shape, dtype in
-                             zip(c.results, c.result_shapes, c.result_dtypes)) for c in program.calls]
+        self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results,
+                            tuple(_allocator(program, shape, dtype, out_pos.get(v), like or {})
+                                  for v, shape, dtype in zip(c.results, c.result_shapes, c.result_dtypes)))
+                           for c, kernel in zip(program.calls, self.kernels))
+        self._outputs = program.outputs
 
-    def __call__(self, *inputs: torch.Tensor, out_shapes=None, stream: int | None = None
+    def __call__(self, *inputs: torch.Tensor, out: tuple | None = None, stream: int | None = None
                  ) -> tuple[torch.Tensor, ...]:
         if stream is None:
-            stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        values = list(inputs)
-        for call, go, allocs in zip(self.program.calls, self.launches, self.allocs):
-            outs = [torch.empty(shape if pos is None or out_shapes is None else out_shapes[pos], dtype=dtype,
-                                device=self.device) for pos, shape, dtype in allocs]
-            go(stream, *[values[i] for i in call.operands], *outs)
-            values.extend(outs)
-        return tuple(values[i] for i in self.program.outputs)
+            stream = _current_stream(self.device_index)
+        values = [*inputs]
+        for go, buffers, allocs in self._plan:
+            for alloc in allocs:
+                values.append(alloc(inputs, out))
+            go(stream, [values[i].data_ptr() for i in buffers])
+        return tuple([values[i] for i in self._outputs])
 
 
-def _load(program: Program, device_index: int) -> Launcher:
-    """Load ``program`` on ``device_index``. The device is made current again here, after the JAX lowering that
-    built ``program``: JAX's first use switches the thread's current GPU under torch's device guard, and a module
+def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
+    """Compile ``lowered`` and load its kernels on ``device_index``. The device is made current again here, after
+    the JAX compile: JAX's first use switches the thread's current GPU under torch's device guard, and a module
     loaded on the wrong GPU fails at launch with "invalid resource handle" (seen on rank 0 under torchrun)."""
+    program = parse_program(lowered.compiler_ir("stablehlo"))
+    try:
+        binaries = xla_binaries.compiled_kernels(lowered)
+    except xla_binaries.CacheFormatError as err:
+        raise UnsupportedProgram(str(err)) from err
     with torch.cuda.device(device_index):
-        return Launcher(program, device_index)
+        try:
+            return Launcher(program, [_kernel(c, binaries, device_index) for c in program.calls], device_index, like)
+        except cuda_driver.DriverUnavailable as err:
+            raise UnsupportedProgram(str(err)) from err
 
 
 @functools.lru_cache(maxsize=256)
 def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int) -> Launcher:
     with torch.cuda.device(device_index):
-        program = forward_program(m, n, x_dtype, w_dtype, eps, offset, casting)
-    return _load(program, device_index)
+        lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting)
+    return _load(lowered, device_index, {0: 0})  # y like x
 
 
 @functools.lru_cache(maxsize=256)
 def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int) -> Launcher:
     with torch.cuda.device(device_index):
-        program = backward_program(m, n, x_dtype, w_dtype, offset, casting)
-    return _load(program, device_index)
+        lowered = _lower_backward(m, n, x_dtype, w_dtype, offset, casting)
+    return _load(lowered, device_index, {0: 0} if w_dtype is None else {0: 0, 1: 1})  # dx like x, dweight like w

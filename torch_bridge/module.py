@@ -43,4 +43,13 @@ class RMSNorm(torch.nn.RMSNorm):
         return rms_norm(x, self.weight, self.eps, offset=self.offset, casting=self.casting, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, offset={self.offset}, casting={self.casting!r}, backend={self.backend!r}"
+        """Also names what ``backend`` runs: the default alias picks by device (the weight's, when there is one)."""
+        runs = ""
+        if self.backend in registry.TORCH_ALIASES:
+            if self.weight is not None:
+                runs = f" (runs {registry.resolve_torch(self.backend, self.weight.is_cuda)!r})"
+            else:
+                on_cuda, elsewhere = registry.TORCH_ALIASES[self.backend]
+                runs = f" (runs {on_cuda!r} on CUDA, {elsewhere!r} elsewhere)"
+        return (f"{super().extra_repr()}, offset={self.offset}, casting={self.casting!r}, "
+                f"backend={self.backend!r}{runs}")

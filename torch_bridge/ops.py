@@ -29,9 +29,10 @@ def check_tensors(x: object, weight: object) -> None:
         raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__module__}.{type(weight).__name__}")
     if weight.dtype not in FLOAT_DTYPES:
         raise TypeError(f"weight must have a floating dtype in {FLOAT_DTYPES}, got {weight.dtype}")
-    if tuple(weight.shape) != (x.shape[-1],):
+    if weight.shape != x.shape[-1:]:
         raise ValueError(f"weight must have shape ({x.shape[-1]},) (x's last dimension), got {tuple(weight.shape)}")
-    if weight.device != x.device:
+    # same CUDA device by ordinal (cheap), else compare the devices themselves
+    if not (x.is_cuda and weight.is_cuda and x.get_device() == weight.get_device()) and weight.device != x.device:
         raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
 
 
@@ -52,12 +53,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     ``casting`` in ("llama", "gemma", "none"); ``offset=1.0`` with zero-initialised weights gives Gemma.
     ``backend`` (names in ``pallas_norm.registry``):
 
-    - ``"pallas"`` (= ``"pallas_dlpack"``): the Pallas kernels run by JAX, handed the tensors through DLPack
-      (zero-copy, ordered on torch's current stream): bit for bit ``pallas_norm.rms_norm``'s results. CPU
-      tensors run the kernels under Pallas's interpreter;
-    - ``"pallas_launch"``: CUDA only, for small calls: the same Pallas-generated kernels compiled by torch's
-      Triton and launched on torch's current stream; may differ from JAX in the last bits (see
-      ``torch_bridge.pallas_backends``);
+    - ``"pallas"`` (the default): ``"pallas_launch"`` for CUDA tensors, ``"pallas_dlpack"`` for others;
+    - ``"pallas_launch"``: CUDA only: the binaries XLA compiled for ``pallas_norm.rms_norm``'s kernels, launched on
+      torch's current stream into torch-allocated outputs: JAX's bits, a few µs of host time per kernel, and
+      capturable in CUDA graphs (see ``torch_bridge.launch_route``);
+    - ``"pallas_dlpack"``: the same JAX functions run by JAX on the tensors handed over through DLPack
+      (zero-copy, ordered on torch's current stream): JAX's bits on any device JAX sees; CPU tensors run the
+      kernels under Pallas's interpreter. Not capturable (JAX launches on its own stream);
     - ``"triton"``: the Triton reference kernel (Triton's interpreter on CPU under ``TRITON_INTERPRET=1``).
 
     Output has x's dtype and shape; non-contiguous x (and weight) are copied to contiguous memory first.
@@ -65,7 +67,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     float32/bfloat16/float16; ``"triton"`` also float64.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
-    impl = registry.torch_backend(backend)
     check_tensors(x, weight)
+    impl = registry.torch_backend(backend, x.is_cuda)
     check_backend(impl, backend, x, weight)
     return custom_ops.apply(x, weight, eps, offset, casting, impl.name)

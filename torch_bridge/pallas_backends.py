@@ -1,12 +1,11 @@
 """The Pallas kernels as torch backends (``custom_ops`` family ``"pallas"``: ``pallas_norm::pallas_rms_norm_fwd/bwd``).
 
-* ``"pallas_dlpack"`` (the default ``backend="pallas"``): any device JAX sees: a zero-copy DLPack hand-off to the
-  JAX functions ``pallas_norm.rms_norm`` runs, so the bits are JAX's (``dlpack_route``); on CPU tensors the
-  kernels run under Pallas's interpreter;
-* ``"pallas_launch"``: CUDA only: the Pallas-generated Triton IR compiled by torch's Triton and launched on
-  torch's current stream (``launch_route``): far less host time per call, but a different Triton compiles the
-  IR, so results may differ from JAX's in the last bits (reduction order). It falls back to ``"pallas_dlpack"``,
-  with a warning, for a lowered module that is not a plain chain of kernels.
+* ``"pallas_launch"`` (the default ``backend="pallas"`` on CUDA): the binaries XLA compiled for the JAX functions
+  ``pallas_norm.rms_norm`` runs, launched on torch's current stream (``launch_route``): JAX's bits, a few µs of
+  host time per kernel, CUDA-graph capturable. It falls back to ``"pallas_dlpack"``, with a warning once per
+  shape, when the lowered module is not a plain chain of kernels or the binaries cannot be had or loaded;
+* ``"pallas_dlpack"`` (the default elsewhere): any device JAX sees: a zero-copy DLPack hand-off to the same JAX
+  functions, run by JAX (``dlpack_route``); on CPU tensors the kernels run under Pallas's interpreter.
 
 The backward computes ``dx`` and ``dweight`` together (one JAX function); what autograd did not ask for is
 dropped.
@@ -20,26 +19,26 @@ import torch
 
 from torch_bridge import custom_ops, dlpack_route, launch_route
 
-_unsupported: set[tuple] = set()  # launch-route keys whose lowered module is not a plain kernel chain
+_LAUNCHERS: dict[tuple, launch_route.Launcher | None] = {}  # (kind, key, device) -> launcher; None: unsupported
 
 
 def _launcher(launcher_fn, key: tuple, x: torch.Tensor):
-    """The launch route's compiled program for ``key``, or None when its module cannot be launched directly
-    (warned once per key; the caller then takes the DLPack route)."""
-    if key in _unsupported:
-        return None
+    """The launch route's compiled program for ``key`` on x's GPU, or None when its module cannot be launched
+    directly (warned once per key; the caller then takes the DLPack route). A dict in front of the route's own
+    cache: a hit is one lookup."""
+    slot = (launcher_fn, key, x.get_device())
     try:
-        return launcher_fn(*key, x.device.index)
+        return _LAUNCHERS[slot]
+    except KeyError:
+        pass
+    try:
+        launcher = launcher_fn(*key, slot[2])
     except launch_route.UnsupportedProgram as err:
-        _unsupported.add(key)
         warnings.warn(f"pallas_norm: direct launch unavailable ({err}); using the DLPack route", RuntimeWarning,
                       stacklevel=2)
-        return None
-
-
-def _rows(x: torch.Tensor) -> tuple[int, int]:
-    n = x.shape[-1]
-    return x.numel() // n, n
+        launcher = None
+    _LAUNCHERS[slot] = launcher
+    return launcher
 
 
 def _dtype(t: torch.Tensor | None) -> torch.dtype | None:
@@ -51,25 +50,39 @@ def _dlpack_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight
     return (dx if need_dx else None), (dweight if need_dweight else None)
 
 
+def _forward_launcher(x, weight, eps, offset, casting):
+    return _launcher(launch_route.forward_launcher, (*custom_ops.rows(x), x.dtype, _dtype(weight), eps, offset,
+                                                     casting), x)
+
+
 def _launch_forward(x, weight, eps, offset, casting):
-    launcher = _launcher(launch_route.forward_launcher, (*_rows(x), x.dtype, _dtype(weight), eps, offset, casting), x)
+    launcher = _forward_launcher(x, weight, eps, offset, casting)
     if launcher is None:
         return dlpack_route.forward(x, weight, eps, offset, casting)
-    # kernels see pointers: x goes in N-d, outputs come out in x's shape
-    return launcher(*((x,) if weight is None else (x, weight)), out_shapes=(x.shape, x.shape[:-1]))
+    # kernels see pointers: x goes in N-d; y is made like x, rstd in x's leading shape
+    return launcher(*((x,) if weight is None else (x, weight)), out=(None, x.shape[:-1]))
+
+
+def _launch_forward_y(x, weight, eps, offset, casting):
+    """``y`` alone (no gradient will be asked for): rstd goes to a scratch buffer, one allocation fewer."""
+    launcher = _forward_launcher(x, weight, eps, offset, casting)
+    if launcher is None:
+        return dlpack_route.forward(x, weight, eps, offset, casting)[0]
+    rstd = custom_ops.rstd_scratch(x, custom_ops.rows(x)[0])
+    return launcher(*((x,) if weight is None else (x, weight)), out=(None, rstd))[0]
 
 
 def _launch_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
-    key = (*_rows(x), x.dtype, _dtype(weight), offset, casting)
+    key = (*custom_ops.rows(x), x.dtype, _dtype(weight), offset, casting)
     launcher = _launcher(launch_route.backward_launcher, key, x)
     if launcher is None:
         return _dlpack_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight)
     inputs = (x, dy, rstd) if weight is None else (x, weight, dy, rstd)
-    out = launcher(*inputs, out_shapes=(x.shape, (x.shape[-1],)))
+    out = launcher(*inputs)  # dx is made like x, dweight like weight
     return (out[0] if need_dx else None), (out[1] if need_dweight else None)
 
 
 custom_ops.define("pallas", {
-    "pallas_launch": custom_ops.Kernels(_launch_forward, _launch_backward),
+    "pallas_launch": custom_ops.Kernels(_launch_forward, _launch_backward, _launch_forward_y),
     "pallas_dlpack": custom_ops.Kernels(dlpack_route.forward, _dlpack_backward),
 })

@@ -23,6 +23,13 @@ def _forward(x, weight, eps, offset, casting):
     return eager.rms_norm_ref_forward(x, weight, eps, offset=offset, casting=casting)
 
 
+def _forward_y(x, weight, eps, offset, casting):
+    if x.is_cuda:  # rstd goes to a scratch buffer: one allocation fewer
+        return triton_kernels.rms_norm_fwd(x, weight, eps, offset, casting,
+                                           rstd=custom_ops.rstd_scratch(x, custom_ops.rows(x)[0]))[0]
+    return _forward(x, weight, eps, offset, casting)[0]
+
+
 def _backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
     if _use_triton(x):
         return triton_kernels.rms_norm_bwd(dy, x, weight, rstd, offset, casting, need_dx, need_dweight)
@@ -30,4 +37,4 @@ def _backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
     return (dx if need_dx else None), (dweight if need_dweight else None)
 
 
-custom_ops.define("triton", {"triton": custom_ops.Kernels(_forward, _backward)})
+custom_ops.define("triton", {"triton": custom_ops.Kernels(_forward, _backward, _forward_y)})

@@ -5,6 +5,7 @@ small ones; ``python -m bench sweep`` times alternatives)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass)
 CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row-dot pass
@@ -46,6 +47,7 @@ class Config:
         return self.block_n < n
 
 
+@functools.cache
 def forward_config(n: int) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes),
     one per 512 over column chunks (more loads in flight)."""
@@ -56,6 +58,7 @@ def forward_config(n: int) -> Config:
     return Config(1, CHUNK_N, _warps(CHUNK_N, 512))
 
 
+@functools.cache
 def backward_config(n: int) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``."""

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_bridge import triton_config
+from torch_bridge import custom_ops, triton_config, triton_launch
 from torch_bridge.triton_config import Config
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -239,17 +239,15 @@ def _num_sms(device_index: int) -> int:
 
 
 def _sm_count(x: torch.Tensor) -> int:
-    return _num_sms(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
-        if x.is_cuda else 2
+    return _num_sms(x.get_device()) if x.is_cuda else 2
+
+
+def _dtype(t: torch.Tensor | None) -> torch.dtype | None:
+    return None if t is None else t.dtype
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _rows(x: torch.Tensor) -> tuple[int, int]:
-    n = x.shape[-1]
-    return x.numel() // n, n
 
 
 def _common(x: torch.Tensor) -> dict:
@@ -257,16 +255,20 @@ def _common(x: torch.Tensor) -> dict:
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
-                 config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward of a contiguous ``x`` (M >= 1 rows of N): ``(y`` like x, ``rstd`` of shape ``x.shape[:-1])``."""
-    M, N = _rows(x)
+                 config: Config | None = None, rstd: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward of a contiguous ``x`` (M >= 1 rows of N): ``(y`` like x, ``rstd`` of shape ``x.shape[:-1])``;
+    ``rstd`` is written into the buffer given (M elements of the compute dtype at least) instead, if one is."""
+    M, N = custom_ops.rows(x)
     cfg = config or triton_config.forward_config(N)
     y = torch.empty_like(x)
-    rstd = torch.empty(x.shape[:-1], dtype=_compute_dtype(x), device=x.device)
-    grid = (triton.cdiv(M, cfg.block_m),)
-    _fwd_kernel[grid](x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset,
-                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N), HAS_WEIGHT=weight is not None,
-                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x))
+    if rstd is None:
+        rstd = x.new_empty(x.shape[:-1], dtype=_compute_dtype(x))
+    key = ("fwd", M, N, x.dtype, _dtype(weight), eps, offset, casting, config, x.get_device())
+    triton_launch.launch(key, _fwd_kernel, (triton.cdiv(M, cfg.block_m),),
+                         (x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset),
+                         lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
+                                      HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
+                                      num_warps=cfg.num_warps, **_common(x)), interpret=INTERPRET)
     return y, rstd
 
 
@@ -277,28 +279,31 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
 
     dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials.
     """
-    M, N = _rows(x)
+    M, N = custom_ops.rows(x)
     cfg = config or triton_config.backward_config(N)
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
-    common = _common(x)
     cdt = _compute_dtype(x)
     w_arg = weight if weight is not None else x
     chunked = cfg.chunked(N)
     c = rstd  # placeholder pointer when unused
+    key = (M, N, x.dtype, _dtype(weight), offset, casting, config, x.get_device())
     if chunked and need_dx:
-        c = torch.empty(M, dtype=cdt, device=x.device)
-        _bwd_rowdot_kernel[(M,)](x, w_arg, dy, c, M, N, offset, BLOCK_M=1, BLOCK_N=cfg.rowdot_block_n,
-                                 HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
-                                 num_warps=cfg.rowdot_warps, **common)
+        c = x.new_empty((M,), dtype=cdt)
+        triton_launch.launch(("rowdot", *key), _bwd_rowdot_kernel, (M,), (x, w_arg, dy, c, M, N, offset),
+                             lambda: dict(BLOCK_M=1, BLOCK_N=cfg.rowdot_block_n, HAS_WEIGHT=weight is not None,
+                                          CASTING=CASTING_CODES[casting], num_warps=cfg.rowdot_warps, **_common(x)),
+                             interpret=INTERPRET)
     n_chunks = triton.cdiv(N, cfg.block_n)
     row_blocks = triton.cdiv(M, cfg.block_m)
     g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
-    partials = torch.empty((g, N), dtype=cdt, device=x.device) if need_dweight else rstd
-    _bwd_kernel[(g, n_chunks)](x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g,
-                               triton.cdiv(row_blocks, g), offset,
-                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
-                               HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
-                               CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **common)
+    partials = x.new_empty((g, N), dtype=cdt) if need_dweight else rstd
+    triton_launch.launch(("bwd", need_dx, need_dweight, *key), _bwd_kernel, (g, n_chunks),
+                         (x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g, triton.cdiv(row_blocks, g),
+                          offset),
+                         lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
+                                      HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
+                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x)),
+                         interpret=INTERPRET)
     dweight = partials.sum(0).to(weight.dtype) if need_dweight else None
     return dx, dweight

@@ -1,0 +1,120 @@
+"""``python -m bench step``: one training step (forward + backward) of Hugging Face decoder stacks, norms by provider.
+
+Llama and Gemma2 causal LMs (random weights; 8 layers, hidden 2048, 16 heads, SDPA attention, vocab 32000, bf16)
+on 4 × 2048 tokens: the HF model as is (``hf``), its norms patched by ``torch_bridge.patch_hf_model`` with each torch
+backend, and with Liger's RMSNorm function (when ``liger_kernel`` is installed; ``in_place=False``, as Liger's own
+Gemma2 patch does, since Gemma2 feeds one gradient into two norms). Every provider gets its own copy of one model and
+the providers' steps take turns (``timing.per_call_interleaved``), so the ratios to ``hf`` are from the same moments.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from bench import timing
+from pallas_norm_tools.tiny_models import tiny_model, tokens
+from torch_bridge import RMSNorm, patch_hf_model
+
+FAMILIES = ("llama", "gemma2")
+BACKENDS = ("pallas", "pallas_dlpack", "triton")
+SHAPE = dict(layers=8, hidden=2048, vocab=32000, batch=4, length=2048)
+
+
+class _LigerNorm(torch.nn.Module):
+    """Liger's RMSNorm function in place of one of our patched modules (same weight, eps, offset, casting)."""
+
+    def __init__(self, ours: RMSNorm):
+        super().__init__()
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        self.fn, self.weight, self.eps, self.offset, self.casting = (LigerRMSNormFunction.apply, ours.weight,
+                                                                      ours.eps, ours.offset, ours.casting)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, self.weight, self.eps, self.offset, self.casting, False)
+
+
+def _with_liger(model: torch.nn.Module) -> torch.nn.Module:
+    patch_hf_model(model, backend="triton", verify=False)  # finds each norm's mode; then swapped for Liger's
+    for path, module in list(model.named_modules()):
+        if isinstance(module, RMSNorm):
+            parent, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent), name, _LigerNorm(module))
+    return model
+
+
+def models(family: str, providers: tuple[str, ...]) -> dict[str, torch.nn.Module]:
+    base = tiny_model(family, layers=SHAPE["layers"], hidden=SHAPE["hidden"], vocab=SHAPE["vocab"],
+                      dtype=torch.bfloat16, device="cuda", num_attention_heads=16, num_key_value_heads=8,
+                      intermediate_size=4 * SHAPE["hidden"], max_position_embeddings=SHAPE["length"],
+                      attn_implementation="sdpa", **({"head_dim": 128} if family.startswith("gemma") else {}))
+    out = {}
+    for name in providers:
+        model = copy.deepcopy(base)
+        if name == "liger":
+            model = _with_liger(model)
+        elif name != "hf":
+            patch_hf_model(model, backend=name, verify=False)
+        out[name] = model.train()
+    return out
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor):
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+    return step
+
+
+def run(repeats: int = 5) -> dict:
+    import importlib.util
+
+    providers = ("hf", *BACKENDS) + (("liger",) if importlib.util.find_spec("liger_kernel") else ())
+    ids = tokens(SHAPE["batch"], SHAPE["length"], SHAPE["vocab"], device="cuda")
+    results = {}
+    for family in FAMILIES:
+        built = models(family, providers)
+        times = timing.per_call_interleaved({k: _step(m, ids) for k, m in built.items()}, timing.torch_sync, 3,
+                                            repeats=repeats)
+        results[family] = {k: 1e3 * t for k, t in times.items()}
+        del built
+        torch.cuda.empty_cache()
+    return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results)
+
+
+def markdown(result: dict) -> str:
+    env, shape = result["env"], result["shape"]
+    out = [f"# One training step of HF decoder stacks on {env['gpu']}", "",
+           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by `python -m "
+           f"bench step`: {shape['layers']} layers, hidden {shape['hidden']}, {shape['batch']} × {shape['length']} "
+           f"tokens, vocab {shape['vocab']}, bf16, SDPA attention; forward + backward, median of interleaved loops.",
+           "", "| family | provider (norms) | ms per step | × HF |", "|---|---|---|---|"]
+    for family, times in result["ms"].items():
+        for name, ms in times.items():
+            out.append(f"| {family} | {name} | {ms:.1f} | {ms / times['hf']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict, path) -> None:
+    """Bars of ms per step, one panel per family, HF eager first."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = result["ms"]
+    fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 3.8))
+    for ax, (family, times) in zip(axes, families.items()):
+        names = list(times)
+        ax.barh(names, [times[k] for k in names])
+        for i, k in enumerate(names):
+            ax.text(times[k], i, f" {times[k]:.1f} ({times[k] / times['hf']:.2f}×)", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.25 * max(times.values()))
+        ax.set_title(f"{family}: ms per training step (norms by provider)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

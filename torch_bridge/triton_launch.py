@@ -1,0 +1,64 @@
+"""Launch a ``@triton.jit`` kernel through the C launcher Triton built for it, once it is compiled.
+
+``kernel[grid](*args, **meta)`` binds arguments, computes Triton's specialisation key and looks up its cache in
+Python on every call: ~50 µs of host time on the H100's host, more than a small RMSNorm takes on the GPU.
+:func:`launch` does that once per caller-chosen ``key`` (which must determine everything Triton specialises on:
+the scalar arguments, the tensors' dtypes, the meta-parameters, the grid and the device; tensors are 32-byte
+aligned by ``custom_ops.kernel_ready``) and afterwards calls the compiled kernel's launcher directly, on torch's
+current stream. Under Triton's interpreter, with launch hooks set, or for kernels that need scratch memory it
+always takes Triton's own path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from triton import knobs
+
+_DIRECT: dict[tuple, Callable | None] = {}
+
+
+def _direct(compiled, kernel, grid: tuple[int, ...], args: Sequence, meta: dict, device: int) -> Callable | None:
+    """``go(args)`` launching ``compiled`` with the constexpr values of ``meta`` appended; None if unsupported.
+    Tensors go in as their data pointers, which Triton's launcher takes as they are (for a tensor it asks the
+    driver to check the pointer, ~1 µs each; ours are CUDA tensors already)."""
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
+        return None
+    tail = tuple(meta[name] for name in kernel.arg_names[len(args):])
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    launch, function, packed = run.launch, compiled.function, compiled.packed_metadata
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    stream_of = torch._C._cuda_getCurrentRawStream
+
+    def go(args: Sequence) -> None:
+        values = list(args)
+        for i in tensors:
+            values[i] = values[i].data_ptr()
+        launch(gx, gy, gz, stream_of(device), function, coop, pdl, None, None, packed, None, None, None, *values,
+               *tail)
+
+    return go
+
+
+def _hooks_set() -> bool:
+    """Whether a launch hook is set (a profiler's, e.g.): Triton's own path calls them, the direct one does not.
+    Triton >= 3.4 keeps them in ``HookChain`` objects, which are set when their ``calls`` list is not empty."""
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(getattr(h, "calls", h) for h in hooks)
+
+
+def launch(key: tuple, kernel, grid: tuple[int, ...], args: Sequence, meta: Callable[[], dict], *,
+           interpret: bool) -> None:
+    """``kernel[grid](*args, **meta())``; after the first call for ``key`` (on a CUDA device), its launcher alone
+    (``meta`` is a function so that the launches that need no meta-parameters do not build them)."""
+    go = None if interpret else _DIRECT.get(key)
+    if go is not None and not _hooks_set():
+        go(args)
+        return
+    meta = meta()
+    compiled = kernel[grid](*args, **meta)
+    if not interpret and key not in _DIRECT:
+        _DIRECT[key] = _direct(compiled, kernel, grid, args, meta, torch.cuda.current_device())
