@@ -52,6 +52,7 @@ def _fix_interpreter_loop_bounds() -> None:
 if INTERPRET:
     _fix_interpreter_loop_bounds()
 
+REDUCE_BLOCK_G, REDUCE_BLOCK_N = 64, 64  # the dweight reduction's tile: partial rows × columns per program
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
               torch.float64: tl.float64}
 
@@ -230,6 +231,21 @@ def _bwd_kernel(X, W, DY, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
         tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
+@triton.jit
+def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr,
+                           WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """dweight[cols] = the sum over p < G of DWP[p, cols] (CT), stored as WDT: tiles of BLOCK_G partial rows,
+    each summed by ``tl.sum``, added in row order; the same order on every call, so the bits repeat."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_N], dtype=CT)
+    for start in range(0, G, BLOCK_G):
+        rows = start + tl.arange(0, BLOCK_G)
+        mask = (rows < G)[:, None] & col_mask[None, :]
+        acc += tl.sum(tl.load(DWP + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0), axis=0)
+    tl.store(DW + cols, _to_dt(acc, WDT, EMULATE_BF16), mask=col_mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
@@ -305,5 +321,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
                                       CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x)),
                          interpret=INTERPRET)
-    dweight = partials.sum(0).to(weight.dtype) if need_dweight else None
+    if not need_dweight:
+        return dx, None
+    dweight = torch.empty_like(weight)  # one launch (not torch's sum and cast: two ops, ~2x the host time)
+    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (triton.cdiv(N, REDUCE_BLOCK_N),),
+                         (partials, dweight, g, N),
+                         lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[cdt],
+                                      WDT=_TL_DTYPES[weight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
+                         interpret=INTERPRET)
     return dx, dweight
