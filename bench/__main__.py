@@ -50,6 +50,17 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     return report.write(merged, out, suite_stem(env))
 
 
+def _write(module, result: dict, stem: pathlib.Path) -> int:
+    """``stem``.json (raw), .md (``module.markdown``) and .png (``module.plot``, when it has one); prints the table."""
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    text = module.markdown(result)
+    stem.with_suffix(".md").write_text(text)
+    if hasattr(module, "plot"):
+        module.plot(result, stem.with_suffix(".png"))
+    print(text)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,32 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         from bench import overhead
 
         result = overhead.run(args.calls)
-        stem = out / f"overhead_{timing.gpu_slug(result['env']['gpu'])}"
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        stem.with_suffix(".md").write_text(overhead.markdown(result))
-        overhead.plot(result, stem.with_suffix(".png"))
-        print(overhead.markdown(result))
-        return 0
+        return _write(overhead, result, out / f"overhead_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "step":
         from bench import step
 
         result = step.run()
-        stem = out / f"step_{timing.gpu_slug(result['env']['gpu'])}"
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        stem.with_suffix(".md").write_text(step.markdown(result))
-        step.plot(result, stem.with_suffix(".png"))
-        print(step.markdown(result))
-        return 0
+        return _write(step, result, out / f"step_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "sweep":
         from bench import sweep
 
         result = sweep.run(args.shapes or (sweep.QUICK_SHAPES if args.quick else sweep.SHAPES), args.dtype,
                            args.casting, args.quick)
-        stem = out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}"
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        stem.with_suffix(".md").write_text(sweep.markdown(result))
-        print(sweep.markdown(result))
-        return 0
+        return _write(sweep, result, out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}")
     from bench import suite
 
     shapes = args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)

@@ -336,7 +336,7 @@ def test_launcher_allocates_like_inputs_into_given_buffers_and_chains_kernels():
     first = launch_route.KernelCall("a", "", (2, 1, 1), 4, 1, (0, 1), (2, 3, 4), ((6, 8), (6,), (6, 8)),
                                     (bf16, f32, f32))
     second = launch_route.KernelCall("b", "", (1, 1, 1), 1, 1, (4,), (5,), ((8,),), (bf16,))
-    program = launch_route.Program(2, (first, second), (2, 3, 5), ((6, 8), (8,)), (bf16, bf16))
+    program = launch_route.Program((first, second), (2, 3, 5), ((6, 8), (8,)), (bf16, bf16))
     kernels = [_fake_kernel(), _fake_kernel()]
     launcher = launch_route.Launcher(program, kernels, 0, like={0: 0, 2: 1})
     x, w = torch.ones(2, 3, 8, dtype=bf16), torch.ones(8, dtype=bf16)

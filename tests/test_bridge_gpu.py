@@ -54,16 +54,18 @@ def test_default_route_is_the_launch_route_on_cuda(monkeypatch):
     assert "backend='pallas' (runs 'pallas_launch')" in repr(module)
 
 
-def graph_results(backend: str, shape=(8, 4096), dtype=torch.bfloat16, offset: float = 0.0, **kw):
-    """``(eager, replayed)``: y, dx, dweight of fwd+bwd on fresh inputs, eagerly and by replaying a CUDA graph
-    captured (after a warm-up on a side stream, as torch's docs ask) on other inputs, copied in before replay."""
+def graph_results(backend: str, shape=(8, 4096), dtype=torch.bfloat16, offset: float = 0.0, grad: bool = True,
+                  **kw):
+    """``(eager, replayed)``: y, dx, dweight of fwd+bwd (``grad``; else y of a forward without gradient) on fresh
+    inputs, eagerly and by replaying a CUDA graph captured (after a warm-up on a side stream, as torch's docs ask)
+    on other inputs, copied in before replay."""
     x0, w0, dy0 = torch_inputs(shape, dtype, offset, seed=1)
     x1, w1, dy1 = torch_inputs(shape, dtype, offset, seed=2)
-    xs, ws, dys = x0.clone().requires_grad_(), w0.clone().requires_grad_(), dy0.clone()
+    xs, ws, dys = x0.clone().requires_grad_(grad), w0.clone().requires_grad_(grad), dy0.clone()
 
     def step():
         y = rms_norm(xs, ws, backend=backend, offset=offset, **kw)
-        return (y, *torch.autograd.grad(y, (xs, ws), dys))
+        return (y, *torch.autograd.grad(y, (xs, ws), dys)) if grad else (y,)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -78,6 +80,8 @@ def graph_results(backend: str, shape=(8, 4096), dtype=torch.bfloat16, offset: f
         xs.copy_(x1), ws.copy_(w1), dys.copy_(dy1)
     graph.replay()
     replayed = [t.clone() for t in static]
+    if not grad:
+        return [rms_norm(x1, w1, backend=backend, offset=offset, **kw)], replayed
     return torch_results(x1, w1, dy1, backend=backend, offset=offset, **kw), replayed
 
 
@@ -103,20 +107,8 @@ def test_forward_without_grad_gives_the_same_bits_and_is_captured(backend):
         with torch.no_grad():
             y = rms_norm(x, w, backend=backend)
         assert_same_bits([y], torch_results(x, w, dy, backend=backend)[:1])
-    (x0, w0, _), (x1, w1, _) = (torch_inputs((8, 4096), torch.bfloat16, 0.0, seed=s) for s in (1, 2))
-    xs, ws = x0.clone(), w0.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad():
-        with torch.cuda.stream(side):
-            rms_norm(xs, ws, backend=backend)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = rms_norm(xs, ws, backend=backend)
-        xs.copy_(x1), ws.copy_(w1)
-        graph.replay()
-        assert torch.equal(static, rms_norm(x1, w1, backend=backend))
+    eager, replayed = graph_results(backend, grad=False)
+    assert torch.equal(replayed[0], eager[0])
 
 
 @pytest.mark.parametrize("backend", ["pallas", "triton"])

@@ -47,6 +47,11 @@ def rstd_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def dtype_of(t: torch.Tensor | None) -> torch.dtype | None:
+    """``t``'s dtype, None for no tensor (launch keys of an optional weight)."""
+    return None if t is None else t.dtype
+
+
 _SCRATCH: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # (device, dtype) -> the largest rstd scratch so far
 _RETIRED: list[torch.Tensor] = []  # smaller scratches: kernels may still be writing them, so they stay allocated
 _SCRATCH_LOCK = threading.Lock()

@@ -55,11 +55,14 @@ class KernelCall:
 class Program:
     """A straight-line chain of kernel calls over numbered values (inputs first, then each call's results)."""
 
-    num_inputs: int
     calls: tuple[KernelCall, ...]
     outputs: tuple[int, ...]
-    input_shapes: tuple[tuple[int, ...], ...] = ()
-    input_dtypes: tuple[torch.dtype, ...] = ()
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[torch.dtype, ...]
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_shapes)
 
 
 def _ttir_text(ir_bytes: bytes) -> str:
@@ -106,7 +109,7 @@ def parse_program(module) -> Program:
             result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
         ))
     arg_types = [ir.RankedTensorType(a.type) for a in block.arguments]
-    return Program(len(block.arguments), tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
+    return Program(tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
                    tuple(_TORCH_DTYPES[str(t.element_type)] for t in arg_types))
 
 
@@ -191,7 +194,6 @@ class Launcher:
     def __init__(self, program: Program, kernels: list[cuda_driver.CudaKernel], device_index: int,
                  like: dict[int, int] | None = None):
         self.program, self.device_index, self.kernels = program, device_index, kernels
-        self.device = torch.device("cuda", device_index)
         out_pos = {v: i for i, v in enumerate(program.outputs)}
         self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results,
                             tuple(_allocator(program, shape, dtype, out_pos.get(v), like or {})

@@ -41,22 +41,18 @@ def _launcher(launcher_fn, key: tuple, x: torch.Tensor):
     return launcher
 
 
-def _dtype(t: torch.Tensor | None) -> torch.dtype | None:
-    return None if t is None else t.dtype
-
-
 def _dlpack_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
     dx, dweight = dlpack_route.backward(dy, x, weight, rstd, offset, casting)
     return (dx if need_dx else None), (dweight if need_dweight else None)
 
 
-def _forward_launcher(x, weight, eps, offset, casting):
-    return _launcher(launch_route.forward_launcher, (*custom_ops.rows(x), x.dtype, _dtype(weight), eps, offset,
-                                                     casting), x)
+def _forward_launcher(x, weight, eps, offset, casting, m: int, n: int):
+    return _launcher(launch_route.forward_launcher, (m, n, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting),
+                     x)
 
 
 def _launch_forward(x, weight, eps, offset, casting):
-    launcher = _forward_launcher(x, weight, eps, offset, casting)
+    launcher = _forward_launcher(x, weight, eps, offset, casting, *custom_ops.rows(x))
     if launcher is None:
         return dlpack_route.forward(x, weight, eps, offset, casting)
     # kernels see pointers: x goes in N-d; y is made like x, rstd in x's leading shape
@@ -65,15 +61,15 @@ def _launch_forward(x, weight, eps, offset, casting):
 
 def _launch_forward_y(x, weight, eps, offset, casting):
     """``y`` alone (no gradient will be asked for): rstd goes to a scratch buffer, one allocation fewer."""
-    launcher = _forward_launcher(x, weight, eps, offset, casting)
+    m, n = custom_ops.rows(x)
+    launcher = _forward_launcher(x, weight, eps, offset, casting, m, n)
     if launcher is None:
         return dlpack_route.forward(x, weight, eps, offset, casting)[0]
-    rstd = custom_ops.rstd_scratch(x, custom_ops.rows(x)[0])
-    return launcher(*((x,) if weight is None else (x, weight)), out=(None, rstd))[0]
+    return launcher(*((x,) if weight is None else (x, weight)), out=(None, custom_ops.rstd_scratch(x, m)))[0]
 
 
 def _launch_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
-    key = (*custom_ops.rows(x), x.dtype, _dtype(weight), offset, casting)
+    key = (*custom_ops.rows(x), x.dtype, custom_ops.dtype_of(weight), offset, casting)
     launcher = _launcher(launch_route.backward_launcher, key, x)
     if launcher is None:
         return _dlpack_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight)

@@ -258,16 +258,8 @@ def _sm_count(x: torch.Tensor) -> int:
     return _num_sms(x.get_device()) if x.is_cuda else 2
 
 
-def _dtype(t: torch.Tensor | None) -> torch.dtype | None:
-    return None if t is None else t.dtype
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _common(x: torch.Tensor) -> dict:
-    return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[_compute_dtype(x)], EMULATE_BF16=INTERPRET)
+    return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[custom_ops.rstd_dtype(x)], EMULATE_BF16=INTERPRET)
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
@@ -278,8 +270,8 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     cfg = config or triton_config.forward_config(N)
     y = torch.empty_like(x)
     if rstd is None:
-        rstd = x.new_empty(x.shape[:-1], dtype=_compute_dtype(x))
-    key = ("fwd", M, N, x.dtype, _dtype(weight), eps, offset, casting, config, x.get_device())
+        rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(x))
+    key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device())
     triton_launch.launch(key, _fwd_kernel, (triton.cdiv(M, cfg.block_m),),
                          (x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
@@ -299,11 +291,11 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     cfg = config or triton_config.backward_config(N)
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
-    cdt = _compute_dtype(x)
+    cdt = custom_ops.rstd_dtype(x)
     w_arg = weight if weight is not None else x
     chunked = cfg.chunked(N)
     c = rstd  # placeholder pointer when unused
-    key = (M, N, x.dtype, _dtype(weight), offset, casting, config, x.get_device())
+    key = (M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config, x.get_device())
     if chunked and need_dx:
         c = x.new_empty((M,), dtype=cdt)
         triton_launch.launch(("rowdot", *key), _bwd_rowdot_kernel, (M,), (x, w_arg, dy, c, M, N, offset),
