@@ -7,6 +7,8 @@ import importlib.metadata
 import json
 import math
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -117,3 +119,18 @@ def test_one_version_string():
         return
     assert installed == pallas_norm.__version__
     assert check.resolve_device("cuda" if DEVICE == "cpu" else "cpu") in (None, "cpu")
+
+
+def test_checking_for_extras_imports_nothing():
+    """``pallas-norm check`` sets ``TRITON_INTERPRET`` for a CPU run after checking its extras; a check that
+    imported triton fixed the interpreter off first, and the README's main job died in the Triton kernels."""
+    probe = ("import importlib, sys; from pallas_norm_tools.cli import NEEDS; from pallas_norm_tools.cli.common "
+             "import require; require('check', NEEDS['check']); {then}print('triton' in sys.modules)")
+
+    def triton_imported(then: str = "") -> str:
+        done = subprocess.run([sys.executable, "-c", probe.format(then=then)], capture_output=True, text=True,
+                              check=True)
+        return done.stdout.strip()
+
+    assert triton_imported() == "False"
+    assert triton_imported("importlib.import_module('triton'); ") == "True"  # a check that imports is seen

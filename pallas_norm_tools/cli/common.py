@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
@@ -14,14 +14,11 @@ class MissingExtra(Exception):
 
 
 def require(command: str, needs: dict[str, str]) -> None:
-    """Import each module of ``needs`` (module -> the pallas-norm extra that installs it), or raise
-    ``MissingExtra`` naming what ``command`` lacks and the one ``pip install`` line for all of it."""
-    missing = {}
-    for module, extra in needs.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing[module] = extra
+    """Find each module of ``needs`` (module -> the pallas-norm extra that installs it), or raise
+    ``MissingExtra`` naming what ``command`` lacks and the one ``pip install`` line for all of it. Modules are
+    found, not imported: importing triton here would fix its interpreter setting (``TRITON_INTERPRET``, read at
+    import) before ``check`` sets it for a CPU run."""
+    missing = {module: extra for module, extra in needs.items() if importlib.util.find_spec(module) is None}
     if missing:
         extras = ",".join(sorted(set(missing.values())))
         raise MissingExtra(f"pallas-norm {command} needs {', '.join(missing)}, which are not installed: "
