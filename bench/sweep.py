@@ -1,7 +1,9 @@
-"""``python -m bench sweep``: our kernels (Pallas in JAX and the Triton reference) under alternative tilings.
+"""``python -m bench sweep``: our kernels (the Pallas kernels and the Triton reference) under alternative tilings.
 
 Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` through the cached JAX
-functions (``api.forward_fn``/``backward_fn``), ``triton_config.Config`` to ``triton_kernels``. The heuristic's
+functions (``api.forward_fn``/``backward_fn``, compiled by XLA and launched from torch by ``launch_route``, so both
+kernel families are timed the same way, by ``triton.testing.do_bench``), ``triton_config.Config`` to
+``triton_kernels``. The heuristic's
 config is timed first at every shape; the table marks the fastest per kernel, direction and shape, so a
 heuristic change can cite the sweep that justifies it.
 """
@@ -11,28 +13,38 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import jax
-import jax.numpy as jnp
 import torch
 
 from bench import timing
-from pallas_norm import api, pallas_config
-from torch_bridge import triton_config, triton_kernels
+from pallas_norm import backend, pallas_config
+from torch_bridge import launch_route, triton_config, triton_kernels
 
-SHAPES = ((32768, 4096), (4096, 16384), (1024, 262144))
+SHAPES = ((32768, 1024), (32768, 2304), (32768, 4096), (32768, 5120), (32768, 8192), (4096, 16384),
+          (32768, 16384), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
 
 
 def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_config.Config | None]:
+    """The heuristic's config (None) and alternatives around it: rows per program × warps (× prefetch for the
+    backward) for resident rows; chunk width × warps × prefetch (× persistent grid size for the forward) for
+    long rows."""
     base = pallas_config.heuristic(m, n, backward=backward)
+    sms = backend.num_sms()
     if base.resident(n):
-        rows = (1, 2) if quick else (1, 2, 4)
-        grid = [dict(block_rows=r, num_warps=w) for r, w in itertools.product(rows, (4, 8, 16))]
+        rows, warps = ((1, 2), (8, 16)) if quick else ((1, 2, 4), (4, 8, 16, 32))
+        grid = [dict(block_rows=r, num_warps=w, prefetch=p) for r, w, p in
+                itertools.product(rows, warps, (False, True) if backward else (False,))]
         if backward and not quick:
-            grid += [dict(block_rows=1, num_warps=16, programs=p) for p in (132, 264, 396)]
+            grid += [dict(programs=p * sms, prefetch=f) for p, f in itertools.product((1, 3), (False, True))]
     else:
-        grid = [dict(block_cols=c, num_warps=w) for c, w in itertools.product((2048, 4096, 8192), (4, 8, 16))]
-    return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
+        cols, warps = ((4096, 8192), (16,)) if quick else ((2048, 4096, 8192, 16384), (8, 16, 32))
+        grid = [dict(block_cols=c, num_warps=w, prefetch=p) for c, w, p in
+                itertools.product(cols, warps, (False, True))]
+        if not backward and not quick:  # fewer rows in flight: more of a row still in L2 when it is read again
+            grid += [dict(block_cols=16384, num_warps=w, programs=p, prefetch=True)
+                     for w, p in itertools.product((16, 32), (sms // 2, sms, 4 * sms))]
+    configs = [dataclasses.replace(base, **g) for g in grid]
+    return [None] + [c for c in configs if c.block_rows * c.block_cols >= 32 * c.num_warps]
 
 
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
@@ -48,21 +60,24 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
 
 
 def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool) -> list[dict]:
-    kx, kw, kd = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(kx, (m, n), jnp.float32).astype(dtype)
-    w = (1 + 0.1 * jax.random.normal(kw, (n,), jnp.float32)).astype(dtype)
-    dy = jax.random.normal(kd, (m, n), jnp.float32).astype(dtype)
-    rstd = jax.jit(api.forward_fn(timing.EPS, 0.0, casting, "pallas"))(x, w)[1]
+    """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
+    are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver."""
+    x, w, dy = timing.inputs(m, n, dtype, 0.0)
+    dev = x.get_device()
+    rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
     rows = []
     for backward in (False, True):
         for cfg in pallas_configs(m, n, backward, quick):
             if backward:
-                fn = jax.jit(api.backward_fn(0.0, casting, "pallas", True, cfg))
-                call = lambda fn=fn: fn(x, w, dy, rstd)  # noqa: E731
+                launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
+                call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
             else:
-                fn = jax.jit(api.forward_fn(timing.EPS, 0.0, casting, "pallas", cfg))
-                call = lambda fn=fn: fn(x, w)  # noqa: E731
-            rows.append(_row("pallas", backward, m, n, jnp.dtype(dtype).itemsize, cfg, timing.time_jax(call)))
+                launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev, cfg)
+                call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
+            row = _row("pallas", backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+            main = launcher.kernels[-2 if backward else 0]  # the backward's last kernel sums dweight
+            row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
+            rows.append(row)
     return rows
 
 
@@ -94,11 +109,11 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
 
 
 def run(shapes, dtype: str, casting: str, quick: bool) -> dict:
-    jdt, tdt = jnp.dtype(dtype), getattr(torch, dtype)
+    tdt = getattr(torch, dtype)
     copy = timing.copy_tbps()
     rows = []
     for m, n in shapes:
-        rows += _pallas_rows(m, n, jdt, casting, quick) + _triton_rows(m, n, tdt, casting, quick)
+        rows += _pallas_rows(m, n, tdt, casting, quick) + _triton_rows(m, n, tdt, casting, quick)
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows)
 
@@ -108,11 +123,12 @@ def markdown(result: dict) -> str:
     out = [f"# Tiling sweep: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · copy "
            f"{env['copy_tbps']:.2f} TB/s (this run). Made by `python -m bench sweep`; ★ fastest per group.", "",
-           "| kernel | mode | M×N | config | µs | TB/s | % of copy |", "|---|---|---|---|---|---|---|"]
+           "| kernel | mode | M×N | config | µs | TB/s | % of copy | main kernel |", "|---|---|---|---|---|---|---|---|"]
     for key, group in itertools.groupby(rows, key=lambda r: (r["kernel"], r["mode"], r["m"], r["n"])):
         group = list(group)
         best = max(group, key=lambda r: r["tbps"])
         for r in group:
             out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']}{' ★' if r is best else ''}"
-                       f" | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / env['copy_tbps']:.0f}% |")
+                       f" | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / env['copy_tbps']:.0f}% |"
+                       f" {r.get('resources', '')} |")
     return "\n".join(out) + "\n"

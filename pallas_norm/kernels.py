@@ -2,8 +2,8 @@
 
 All on 2-D ``(m, n)`` inputs with m >= 1 (the API handles empty inputs), tiled by a fitted
 ``pallas_config.Config``. Row math comes from ``rowmath``; memory access from ``backend``.
-Forward: one program per ``block_rows`` rows; the row is resident in registers or walked in column chunks
-(sum of squares first, then normalise). Backward: a persistent grid of ``config.programs`` programs, each
+Forward: one program per ``block_rows`` rows when the row is resident in registers; long rows are walked in column
+chunks (sum of squares first, then normalise, backwards) by a persistent grid. Backward: a persistent grid of ``config.programs`` programs, each
 keeping a float32 ``dweight`` partial in registers; the partials are then summed in a fixed order by
 ``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible.
 """
@@ -30,9 +30,10 @@ def _span(start, size: int, limit: int):
     return idx, idx < limit
 
 
-def _tile(ref, rows, rmask, cols, cmask):
-    """Load an ``(rows, cols)`` tile as float32 (masked-off lanes read 0)."""
-    return backend.load(ref.at[rows[:, None], cols[None, :]], rmask[:, None] & cmask[None, :]).astype(F32)
+def _tile(ref, rows, rmask, cols, cmask, dtype=F32):
+    """Load an ``(rows, cols)`` tile, widened to ``dtype`` (None: as stored); masked-off lanes read 0."""
+    tile = backend.load(ref.at[rows[:, None], cols[None, :]], rmask[:, None] & cmask[None, :])
+    return tile if dtype is None else tile.astype(dtype)
 
 
 def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
@@ -47,36 +48,63 @@ def _rstd(sumsq, n: int, eps: float):
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool):
+    """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
+    programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
+    chunk: sum of squares forwards, then normalise backwards (the chunks read last in the first pass are the
+    likeliest still in L2). With ``config.prefetch`` the next chunk is loaded before the current one is used."""
     x_ref, w_ref, y_ref, rstd_ref = refs if has_weight else (refs[0], None, *refs[1:])
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
-    rows, rmask = _span(pl.program_id(0) * br, br, m)
 
-    def emit(cols, cmask, x32, rstd):
-        n_val = rowmath.normalized(x32, rstd[:, None], casting, rounder(dt))
+    def emit(rows, rmask, k, x_raw, rstd):
+        cols, cmask = _span(k * bc, bc, n)
+        n_val = rowmath.normalized(x_raw.astype(F32), rstd[:, None], casting, rounder(dt))
         y = rowmath.output(n_val, _weight(w_ref, cols, cmask, offset, casting, dt)).astype(dt)
         backend.store(y_ref.at[rows[:, None], cols[None, :]], y, rmask[:, None] & cmask[None, :])
 
-    def chunk(k):
+    def fetch(rows, rmask, k):
+        """The raw ``(rows, chunk k)`` tile of x (chunks outside the row read nothing)."""
         cols, cmask = _span(k * bc, bc, n)
-        return cols, cmask, _tile(x_ref, rows, rmask, cols, cmask)
+        return _tile(x_ref, rows, rmask, cols, cmask & (k >= 0) & (k < chunks), dtype=None)
 
     if chunks == 1:
-        cols, cmask, x32 = chunk(0)
+        rows, rmask = _span(pl.program_id(0) * br, br, m)
+        x32 = fetch(rows, rmask, 0).astype(F32)
         rstd = _rstd(jnp.sum(x32 * x32, axis=1), n, eps)
-        emit(cols, cmask, x32, rstd)
-    else:
-        def sumsq(k, acc):
-            x32 = chunk(k)[2]
-            return acc + x32 * x32
+        emit(rows, rmask, 0, x32, rstd)
+        backend.store(rstd_ref.at[rows], rstd, rmask)
+        return
 
-        acc = lax.fori_loop(0, chunks, sumsq, jnp.zeros((br, bc), F32))
-        rstd = _rstd(jnp.sum(acc, axis=1), n, eps)
+    pid = pl.program_id(0)
 
-        @pl.loop(0, chunks)
-        def _(k):
-            emit(*chunk(k), rstd)
-    backend.store(rstd_ref.at[rows], rstd, rmask)
+    @pl.loop(0, cdiv(cdiv(m, br), config.programs))
+    def _(t):
+        rows, rmask = _span((pid + t * config.programs) * br, br, m)
+        sumsq = _walk(chunks, config.prefetch, functools.partial(fetch, rows, rmask),
+                      lambda k, tile, acc: acc + _sq(tile.astype(F32)), jnp.zeros((br, bc), F32))
+        rstd = _rstd(jnp.sum(sumsq, axis=1), n, eps)
+        last = chunks - 1
+        _walk(chunks, config.prefetch, lambda k: fetch(rows, rmask, last - k),
+              lambda k, tile, _: emit(rows, rmask, last - k, tile, rstd), None)
+        backend.store(rstd_ref.at[rows], rstd, rmask)
+
+
+def _sq(x32):
+    return x32 * x32
+
+
+def _walk(steps: int, prefetch: bool, fetch, use, carry):
+    """``carry = use(k, fetch(k), carry)`` for k = 0 … steps-1; with ``prefetch``, ``fetch(k + 1)`` is issued
+    before ``use(k, …)`` (its loads are in flight while step k computes; ``fetch(steps)`` must load nothing)."""
+    if not prefetch:
+        return lax.fori_loop(0, steps, lambda k, c: use(k, fetch(k), c), carry)
+
+    def body(k, state):
+        tile, c = state
+        nxt = fetch(k + 1)
+        return nxt, use(k, tile, c)
+
+    return lax.fori_loop(0, steps, body, (fetch(0), carry))[1]
 
 
 def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw):
@@ -96,11 +124,15 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     cols, cmask = _span(0 if s_ref is None else pl.program_id(1) * bc, bc, n)
     w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
 
-    def body(t, dw_acc):
+    def fetch(t):
+        """Row block ``t`` of this program: raw x and dy tiles, rstd (blocks past the last row read nothing)."""
         rows, rmask = _span((pid + t * programs) * br, br, m)
-        x32 = _tile(x_ref, rows, rmask, cols, cmask)
-        dy32 = _tile(dy_ref, rows, rmask, cols, cmask)
-        rstd = backend.load(rstd_ref.at[rows], rmask)[:, None]
+        return (_tile(x_ref, rows, rmask, cols, cmask, dtype=None), _tile(dy_ref, rows, rmask, cols, cmask, dtype=None),
+                backend.load(rstd_ref.at[rows], rmask))
+
+    def use(t, tiles, dw_acc):
+        rows, rmask = _span((pid + t * programs) * br, br, m)
+        x32, dy32, rstd = tiles[0].astype(F32), tiles[1].astype(F32), tiles[2][:, None]
         if need_dx:
             g = rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
             if s_ref is None:
@@ -114,7 +146,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             dw_acc = dw_acc + jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0)
         return dw_acc
 
-    dw = lax.fori_loop(0, cdiv(cdiv(m, br), programs), body, jnp.zeros((bc,), F32))
+    dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use, jnp.zeros((bc,), F32))
     if need_dw:
         backend.store(dwp_ref.at[pid, cols], dw, cmask)
 
@@ -123,17 +155,21 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
     """Long rows, step 1: ``sum(g · x32)`` per row, walking the row in column chunks."""
     x_ref, w_ref, dy_ref, s_ref = refs if has_weight else (refs[0], None, *refs[1:])
     dt = dy_ref.dtype
-    br, bc = config.block_rows, config.block_cols
+    br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
     rows, rmask = _span(pl.program_id(0) * br, br, m)
 
-    def body(k, acc):
+    def fetch(k):
         cols, cmask = _span(k * bc, bc, n)
-        x32 = _tile(x_ref, rows, rmask, cols, cmask)
-        g = rowmath.grad_scale(_tile(dy_ref, rows, rmask, cols, cmask),
-                               _weight(w_ref, cols, cmask, offset, casting, dt), casting, rounder(dt))
-        return acc + g * x32
+        cmask = cmask & (k < chunks)
+        return _tile(x_ref, rows, rmask, cols, cmask, dtype=None), _tile(dy_ref, rows, rmask, cols, cmask, dtype=None)
 
-    acc = lax.fori_loop(0, config.chunks(n), body, jnp.zeros((br, bc), F32))
+    def use(k, tiles, acc):
+        cols, cmask = _span(k * bc, bc, n)
+        g = rowmath.grad_scale(tiles[1].astype(F32), _weight(w_ref, cols, cmask, offset, casting, dt), casting,
+                               rounder(dt))
+        return acc + g * tiles[0].astype(F32)
+
+    acc = _walk(chunks, config.prefetch, fetch, use, jnp.zeros((br, bc), F32))
     backend.store(s_ref.at[rows], jnp.sum(acc, axis=1), rmask)
 
 
@@ -154,7 +190,7 @@ def forward(x, weight, *, eps: float, offset: float, casting: str, config: Confi
     return pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m,), F32)),
-        grid=(cdiv(m, config.block_rows),),
+        grid=(cdiv(m, config.block_rows) if config.resident(n) else config.programs,),
         compiler_params=backend.compiler_params(config.num_warps, config.num_stages, interpret=interpret),
         interpret=interpret,
         name="pallas_norm_fwd",

@@ -12,15 +12,25 @@ import dataclasses
 from . import backend
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
-# longer rows are processed in column chunks of CHUNK_COLS elements.
+# longer rows are walked in column chunks by a persistent grid.
 MAX_RESIDENT_COLS = 16384
-CHUNK_COLS = 4096
-# Elements one program holds: rows per program = TARGET_ELEMS / padded row length (at least 1). The backward
-# holds x, dy and a dweight partial per element, so it takes fewer rows and more warps (H100 sweep at
-# 32768×4096 bf16, bench/results/pallas_h100_sweep.md: forward 2 rows × 8 warps, backward 1 row × 16 warps).
-TARGET_ELEMS = {False: 8192, True: 4096}
-ELEMS_PER_WARP = {False: 1024, True: 256}
 MAX_BLOCK_ROWS = 1024
+# The H100 sweep behind every number below: bench/results/sweep_h100_bfloat16_llama.md (kernels timed by CUDA
+# events). Forward, resident rows: TARGET_ELEMS elements per program, a warp per FWD_ELEMS_PER_WARP (within 2%
+# of the sweep's best at every shape).
+TARGET_ELEMS = 8192
+FWD_ELEMS_PER_WARP = 1024
+# Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
+# where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
+FWD_CHUNKED = (16384, 32, 2, True)
+# Backward, resident rows, by padded row length: (elements per program, warps, programs per SM, prefetch).
+# Loading the next rows while the current ones reduce pays from 1024 to 8192 columns (32768×4096: 2.59 TB/s
+# against 2.44; 32768×8192: 2.84 against 2.34); at 16384 every variant spills, 32 warps spill least.
+BWD_RESIDENT = {1024: (4096, 4, 2, True), 2048: (4096, 8, 2, True), 4096: (4096, 8, 2, True),
+                8192: (8192, 16, 1, True), 16384: (16384, 32, 2, False)}
+# Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
+# variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
+BWD_CHUNKED = (4096, 16, 2, False)
 
 
 def next_pow2(v: int) -> int:
@@ -42,8 +52,9 @@ class Config:
 
     ``block_rows`` rows per program; ``block_cols`` the tile width: the padded row when it is at least N (the row
     stays in registers), else the column chunk walked along the row; ``num_warps``/``num_stages`` Triton's launch
-    settings; ``programs`` the backward's persistent grid (one float32 ``dweight`` partial each; ``None``: the
-    heuristic's).
+    settings; ``programs`` the persistent grid of the backward (one float32 ``dweight`` partial each) and of the
+    long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
+    one (two tiles live per loop, the next one's loads in flight during the current one's math).
     """
 
     block_rows: int
@@ -51,6 +62,7 @@ class Config:
     num_warps: int
     num_stages: int | None = None
     programs: int | None = None
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -60,6 +72,8 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"prefetch must be a bool, got {self.prefetch!r}")
 
     def chunks(self, n: int) -> int:
         """Column chunks per row of length ``n`` (1: the row is resident)."""
@@ -70,27 +84,34 @@ class Config:
 
 
 def heuristic(m: int, n: int, *, backward: bool) -> Config:
-    """The default config for an ``(m, n)`` forward (or ``backward``)."""
+    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
-    block_cols = n_pad if n_pad <= MAX_RESIDENT_COLS else CHUNK_COLS
-    if block_cols >= n:
-        block_rows = min(max(1, TARGET_ELEMS[backward] // block_cols), MAX_BLOCK_ROWS, next_pow2(max(m, 1)))
-    else:
-        block_rows = 1
-    num_warps = min(16, next_pow2(max(1, block_rows * block_cols // ELEMS_PER_WARP[backward])))
-    return fit(Config(block_rows, block_cols, num_warps), m, n, backward=backward)
+    sms = backend.num_sms()
+    if n_pad > MAX_RESIDENT_COLS:
+        cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
+        programs = per_sm * sms // cdiv(n, cols) if backward else per_sm * sms
+        return fit(Config(1, cols, warps, programs=max(1, programs), prefetch=prefetch), m, n, backward=backward)
+    rows = next_pow2(max(m, 1))
+    if not backward:
+        block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
+        warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
+        return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
+    elems, warps, per_sm, prefetch = BWD_RESIDENT[max(n_pad, 1024)]
+    block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
+    return fit(Config(block_rows, n_pad, warps, programs=per_sm * sms, prefetch=prefetch), m, n, backward=True)
 
 
 def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
     """``config`` (the heuristic's when None) for an ``(m, n)`` launch: ``block_cols`` at most N's padded length
-    and, for the backward, a concrete ``programs`` between 1 and the number of row blocks."""
+    and, where a persistent grid runs (the backward; the long-row forward), a concrete ``programs`` between 1 and
+    the number of row blocks (None where it does not)."""
     if config is None:
         return heuristic(m, n, backward=backward)
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
-    if not backward:
-        return config
+    chunks = config.chunks(n)
+    if not backward and chunks == 1:
+        return dataclasses.replace(config, programs=None)
     programs = config.programs
-    if programs is None:
-        sms, chunks = backend.num_sms(), config.chunks(n)
-        programs = 2 * sms if chunks == 1 else max(1, 2 * sms // chunks)
+    if programs is None:  # a forced config without a grid size: two programs per SM, shared among column chunks
+        programs = 2 * backend.num_sms() if chunks == 1 or not backward else max(1, 2 * backend.num_sms() // chunks)
     return dataclasses.replace(config, programs=max(1, min(programs, cdiv(max(m, 1), config.block_rows))))

@@ -1,7 +1,8 @@
 """Load a cubin and launch its kernel on a torch stream, through the CUDA driver API (``libcuda``, via ctypes).
 
 ``CudaKernel(cubin, name, device_index, shared_bytes)`` loads the binary into the device's primary context (the
-one torch uses) and reads the kernel's parameter layout. ``kernel.launch(grid, threads, stream, pointers)``
+one torch uses) and reads the kernel's parameter layout and resources (``registers`` per thread, ``local_bytes``
+of spill stack per thread: what a sweep reports). ``kernel.launch(grid, threads, stream, pointers)``
 launches it with device pointers as its arguments; parameters past the pointers given (Triton's scratch
 pointers, which our kernels never use) are passed as null. A launch is one driver call, so it is recorded when
 the stream is being captured into a CUDA graph.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 _STATIC_SHARED_LIMIT = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_LOCAL_SIZE_BYTES, _NUM_REGS = 3, 4  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_NUM_REGS
 _P, _I, _U, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t
 _SIGNATURES = {
     "cuInit": (_U,),
@@ -31,6 +33,7 @@ _SIGNATURES = {
     "cuModuleLoadData": (ctypes.POINTER(_P), ctypes.c_char_p),
     "cuModuleGetFunction": (ctypes.POINTER(_P), _P, ctypes.c_char_p),
     "cuFuncSetAttribute": (_P, _I, _I),
+    "cuFuncGetAttribute": (ctypes.POINTER(_I), _I, _P),
     "cuFuncGetParamInfo": (_P, _S, ctypes.POINTER(_S), ctypes.POINTER(_S)),
     "cuLaunchKernel": (_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P),
     "cuGetErrorName": (_I, ctypes.POINTER(ctypes.c_char_p)),
@@ -79,6 +82,7 @@ class CudaKernel:
                 _check(lib, lib.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
                        "cuFuncSetAttribute")
             self.param_sizes = self._param_sizes(function)
+            self.registers, self.local_bytes = (self._attribute(function, a) for a in (_NUM_REGS, _LOCAL_SIZE_BYTES))
         finally:
             lib.cuCtxPopCurrent_v2(ctypes.byref(_P()))
         self.name, self.shared_bytes, self.module, self.function = name, shared_bytes, module, function.value
@@ -91,6 +95,11 @@ class CudaKernel:
         self._argv_address = ctypes.addressof(self._argv)
         self._lock = threading.Lock()
         self._filled = 0  # slots [0, _filled) hold the last launch's pointers, the others are null
+
+    def _attribute(self, function: ctypes.c_void_p, attribute: int) -> int:
+        value = _I()
+        _check(self._lib, self._lib.cuFuncGetAttribute(ctypes.byref(value), attribute, function), "cuFuncGetAttribute")
+        return value.value
 
     def _param_sizes(self, function: ctypes.c_void_p) -> tuple[int, ...]:
         sizes, offset, size = [], _S(), _S()

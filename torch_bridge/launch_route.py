@@ -117,14 +117,14 @@ def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(s, _JAX_DTYPES[d]) for s, d in shapes_dtypes]
 
 
-def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str):
-    fn = api.forward_fn(eps, offset, casting, "pallas")
+def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str, config=None):
+    fn = api.forward_fn(eps, offset, casting, "pallas", config)
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)]))
     return jax.jit(fn).trace(*specs).lower()
 
 
-def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str):
-    fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None)
+def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str, config=None):
+    fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None, config)
     if w_dtype is None:
         fn = functools.partial(lambda f, *a: f(*a)[0], fn)
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)])
@@ -230,14 +230,17 @@ def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
 
 
 @functools.lru_cache(maxsize=256)
-def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int) -> Launcher:
+def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int, config=None) -> Launcher:
+    """The forward ``(x, *weight) -> (y, rstd)``; ``config`` a ``pallas_config.Config`` (None: the heuristic's,
+    as the JAX API runs; sweeps time others)."""
     with torch.cuda.device(device_index):
-        lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting)
+        lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting, config)
     return _load(lowered, device_index, {0: 0})  # y like x
 
 
 @functools.lru_cache(maxsize=256)
-def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int) -> Launcher:
+def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int, config=None) -> Launcher:
+    """The backward ``(x, *weight, dy, rstd) -> (dx, *dweight)``; ``config`` as for ``forward_launcher``."""
     with torch.cuda.device(device_index):
-        lowered = _lower_backward(m, n, x_dtype, w_dtype, offset, casting)
+        lowered = _lower_backward(m, n, x_dtype, w_dtype, offset, casting, config)
     return _load(lowered, device_index, {0: 0} if w_dtype is None else {0: 0, 1: 1})  # dx like x, dweight like w
