@@ -31,11 +31,15 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
     if base.resident(n):
-        rows, warps = ((1, 2), (8, 16)) if quick else ((1, 2, 4), (4, 8, 16, 32))
+        rows = (1, 2) if quick else (1, 2, 4, 8, 16) if base.block_cols <= 2048 else (1, 2, 4)
+        warps = (8, 16) if quick else (4, 8, 16, 32)
         grid = [dict(block_rows=r, num_warps=w, prefetch=p) for r, w, p in
                 itertools.product(rows, warps, (False, True) if backward else (False,))]
         if backward and not quick:
             grid += [dict(programs=p * sms, prefetch=f) for p, f in itertools.product((1, 3), (False, True))]
+            if base.block_cols >= 8192:  # long resident rows: the weight out of registers
+                grid += [dict(num_warps=w, programs=p * sms, prefetch=f, reload_weight=True)
+                         for w, p, f in itertools.product((16, 32), (1, 2), (False, True))]
     else:
         cols, warps = ((4096, 8192), (16,)) if quick else ((2048, 4096, 8192, 16384), (8, 16, 32))
         grid = [dict(block_cols=c, num_warps=w, prefetch=p) for c, w, p in
@@ -44,7 +48,8 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
             grid += [dict(block_cols=16384, num_warps=w, programs=p, prefetch=True)
                      for w, p in itertools.product((16, 32), (sms // 2, sms, 4 * sms))]
     configs = [dataclasses.replace(base, **g) for g in grid]
-    return [None] + [c for c in configs if c.block_rows * c.block_cols >= 32 * c.num_warps]
+    return [None] + [c for c in configs if c.block_rows * c.block_cols >= 32 * c.num_warps
+                     and c.block_rows * c.block_cols <= 32768]
 
 
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:

@@ -122,7 +122,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     br, bc, programs = config.block_rows, config.block_cols, config.programs
     pid = pl.program_id(0)
     cols, cmask = _span(0 if s_ref is None else pl.program_id(1) * bc, bc, n)
-    w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
+    w_eff = None if config.reload_weight else _weight(w_ref, cols, cmask, offset, casting, dt)
 
     def fetch(t):
         """Row block ``t`` of this program: raw x and dy tiles, rstd (blocks past the last row read nothing)."""
@@ -134,7 +134,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         rows, rmask = _span((pid + t * programs) * br, br, m)
         x32, dy32, rstd = tiles[0].astype(F32), tiles[1].astype(F32), tiles[2][:, None]
         if need_dx:
-            g = rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
+            w = _weight(w_ref, cols, cmask, offset, casting, dt) if config.reload_weight else w_eff
+            g = rowmath.grad_scale(dy32, w, casting, rounder(dt))
             if s_ref is None:
                 sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
             else:

@@ -23,11 +23,12 @@ FWD_ELEMS_PER_WARP = 1024
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
 FWD_CHUNKED = (16384, 32, 2, True)
-# Backward, resident rows, by padded row length: (elements per program, warps, programs per SM, prefetch).
-# Loading the next rows while the current ones reduce pays from 1024 to 8192 columns (32768×4096: 2.59 TB/s
-# against 2.44; 32768×8192: 2.84 against 2.34); at 16384 every variant spills, 32 warps spill least.
-BWD_RESIDENT = {1024: (4096, 4, 2, True), 2048: (4096, 8, 2, True), 4096: (4096, 8, 2, True),
-                8192: (8192, 16, 1, True), 16384: (16384, 32, 2, False)}
+# Backward, resident rows, by padded row length: (elements per program, warps, programs per SM, prefetch,
+# reload_weight). Loading the next rows while the current ones reduce pays from 1024 to 8192 columns (32768×4096:
+# 2.58 TB/s against 2.44; 32768×8192: 2.84 against 2.34); at 16384 every variant spills, least with the weight
+# out of registers (32768×16384: 2.45 against 1.66; 4096×16384: 2.10 against 1.29).
+BWD_RESIDENT = {1024: (4096, 4, 2, True, False), 2048: (4096, 8, 2, True, False), 4096: (4096, 8, 2, True, False),
+                8192: (8192, 16, 1, True, False), 16384: (16384, 16, 1, False, True)}
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
@@ -54,7 +55,9 @@ class Config:
     stays in registers), else the column chunk walked along the row; ``num_warps``/``num_stages`` Triton's launch
     settings; ``programs`` the persistent grid of the backward (one float32 ``dweight`` partial each) and of the
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
-    one (two tiles live per loop, the next one's loads in flight during the current one's math).
+    one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
+    the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
+    registers for long resident rows).
     """
 
     block_rows: int
@@ -63,6 +66,7 @@ class Config:
     num_stages: int | None = None
     programs: int | None = None
     prefetch: bool = False
+    reload_weight: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -72,8 +76,9 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        if not isinstance(self.prefetch, bool):
-            raise ValueError(f"prefetch must be a bool, got {self.prefetch!r}")
+        for flag in ("prefetch", "reload_weight"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 
     def chunks(self, n: int) -> int:
         """Column chunks per row of length ``n`` (1: the row is resident)."""
@@ -96,9 +101,10 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
         warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
-    elems, warps, per_sm, prefetch = BWD_RESIDENT[max(n_pad, 1024)]
+    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 1024)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
-    return fit(Config(block_rows, n_pad, warps, programs=per_sm * sms, prefetch=prefetch), m, n, backward=True)
+    return fit(Config(block_rows, n_pad, warps, programs=per_sm * sms, prefetch=prefetch, reload_weight=reload_weight),
+               m, n, backward=True)
 
 
 def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:

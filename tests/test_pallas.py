@@ -67,9 +67,10 @@ def test_chunked_path(casting):
     assert "pallas_norm_bwd_rowsum" in jaxpr and "pallas_norm_bwd_chunks" in jaxpr  # the chunked kernels ran
 
 
-PREFETCH_CASES = {  # (config, bwd_config) on 37×1000 rows: resident rows over a persistent grid of 3 programs
+ACCESS_CASES = {  # (config, bwd_config) on 37×1000 rows: resident rows over a persistent grid of 3 programs
     "resident": (Config(4, 1024, 4), Config(2, 1024, 4, programs=3, prefetch=True)),
     "chunked": (Config(1, 256, 2, programs=5, prefetch=True), Config(1, 256, 2, programs=3, prefetch=True)),
+    "reloaded weight": (Config(4, 1024, 4), Config(2, 1024, 4, programs=3, prefetch=True, reload_weight=True)),
 }
 
 
@@ -77,16 +78,16 @@ def _bits(x, w, dy, configs):
     return [np.asarray(v) for v in jax_vjp("interpret", x, w, dy, config=configs[0], bwd_config=configs[1])]
 
 
-@pytest.mark.parametrize("case", sorted(PREFETCH_CASES))
-def test_prefetch_changes_no_bits(case, monkeypatch):
-    """Loading the next tile before using the current one (``prefetch``) and walking a long row's second pass
-    backwards reorder memory accesses only: y, dx and dweight keep their bits. Negative control: a walk that
+@pytest.mark.parametrize("case", sorted(ACCESS_CASES))
+def test_access_order_changes_no_bits(case, monkeypatch):
+    """Loading the next tile before using the current one (``prefetch``), reloading the weight per row block and
+    walking a long row's second pass backwards change memory accesses only: y, dx and dweight keep their bits. Negative control: a walk that
     hands each step the tile fetched for the next one is caught."""
     from pallas_norm import kernels
 
     x, w, dy = jax_inputs((37, 1000), jnp.bfloat16, 0.0, seed=11)
-    on = PREFETCH_CASES[case]
-    off = tuple(dataclasses.replace(c, prefetch=False) for c in on)
+    on = ACCESS_CASES[case]
+    off = tuple(dataclasses.replace(c, prefetch=False, reload_weight=False) for c in on)
     want = _bits(x, w, dy, off)
     for got, ref in zip(_bits(x, w, dy, on), want):
         np.testing.assert_array_equal(got, ref)
