@@ -2,10 +2,10 @@
 
 All on 2-D ``(m, n)`` inputs with m >= 1 (the API handles empty inputs), tiled by a fitted
 ``pallas_config.Config``. Row math comes from ``rowmath``; memory access from ``backend``.
-Forward: one program per ``block_rows`` rows when the row is resident in registers; long rows are walked in column
-chunks (sum of squares first, then normalise, backwards) by a persistent grid. Backward: a persistent grid of ``config.programs`` programs, each
-keeping a float32 ``dweight`` partial in registers; the partials are then summed in a fixed order by
-``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible.
+Forward: one program per ``block_rows`` rows when the row is resident in registers; long rows are walked in
+column chunks (sum of squares first, then normalise, backwards) by a persistent grid. Backward: a persistent grid
+of ``config.programs`` programs, each keeping a float32 ``dweight`` partial in registers; the partials are then
+summed in a fixed order by ``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible.
 """
 
 from __future__ import annotations

@@ -81,8 +81,8 @@ def _bits(x, w, dy, configs):
 @pytest.mark.parametrize("case", sorted(ACCESS_CASES))
 def test_access_order_changes_no_bits(case, monkeypatch):
     """Loading the next tile before using the current one (``prefetch``), reloading the weight per row block and
-    walking a long row's second pass backwards change memory accesses only: y, dx and dweight keep their bits. Negative control: a walk that
-    hands each step the tile fetched for the next one is caught."""
+    walking a long row's second pass backwards change memory accesses only: y, dx and dweight keep their bits.
+    Negative control: a walk that hands each step the tile fetched for the next one is caught."""
     from pallas_norm import kernels
 
     x, w, dy = jax_inputs((37, 1000), jnp.bfloat16, 0.0, seed=11)
