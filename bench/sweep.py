@@ -61,6 +61,8 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
             grid += [dict(programs_per_sm=p) for p in (1, 3)]
     else:
         grid = [dict(block_n=c, num_warps=w) for c, w in itertools.product((4096, 8192, 16384), (8, 16))]
+        if not backward and not quick:  # the long-row forward's persistent grid
+            grid += [dict(block_n=16384, num_warps=w, programs_per_sm=p) for w, p in itertools.product((16, 32), (1, 2, 4))]
     return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
 
 

@@ -11,7 +11,7 @@ FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass)
 CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row-dot pass
 BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
-BWD_PROGRAMS_PER_SM = 2  # persistent backward grid = this × SM count (÷ column chunks)
+BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 
 
 def next_pow2(v: int) -> int:
@@ -25,8 +25,8 @@ def _warps(elems: int, per_warp: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One launch's tiling: ``block_m`` rows × ``block_n`` columns per program (``block_n`` the padded row when it
-    is at least N, else the column chunk), ``num_warps``; for the backward, ``programs_per_sm`` (persistent grid)
-    and the long-row row-dot pass's ``rowdot_block_n``/``rowdot_warps``."""
+    is at least N, else the column chunk), ``num_warps``; ``programs_per_sm`` (the persistent grid of the backward
+    and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``."""
 
     block_m: int
     block_n: int

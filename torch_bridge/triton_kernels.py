@@ -133,15 +133,17 @@ def _dx(x, g, rstd, c):
 # Kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset,
+def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """BLOCK_M rows per program; one pass over registers, or two passes over column chunks."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < M
-    base = rows[:, None] * N
+    """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
+    (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
+    again) making two passes over column chunks."""
     cols0 = tl.arange(0, BLOCK_N)
     if not CHUNKED:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        base = rows[:, None] * N
         mask = row_mask[:, None] & (cols0[None, :] < N)
         x = tl.load(X + base + cols0[None, :], mask=mask, other=0.0).to(CT)
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
@@ -150,25 +152,30 @@ def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset,
             w = tl.load(W + cols0, mask=cols0 < N, other=0.0)
             n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
         tl.store(Y + base + cols0[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
-        for start in range(0, N, BLOCK_N):
-            cols = start + cols0
-            mask = row_mask[:, None] & (cols[None, :] < N)
-            x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
-            acc += x * x
-        rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
-        n_chunks = tl.cdiv(N, BLOCK_N)
-        for i in range(0, n_chunks):  # backwards: the row's tail is the part most likely still in L2
-            cols = (n_chunks - 1 - i) * BLOCK_N + cols0
-            mask = row_mask[:, None] & (cols[None, :] < N)
-            x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
-            n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
-            if HAS_WEIGHT:
-                w = tl.load(W + cols, mask=cols < N, other=0.0)
-                n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
-            tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=row_mask)
+        for it in range(0, ITERS):
+            rows = (it * G + tl.program_id(0)).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < M
+            base = rows[:, None] * N
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
+            for start in range(0, N, BLOCK_N):
+                cols = start + cols0
+                mask = row_mask[:, None] & (cols[None, :] < N)
+                x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+                acc += x * x
+            rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
+            n_chunks = tl.cdiv(N, BLOCK_N)
+            for i in range(0, n_chunks):  # backwards: the row's tail is the part most likely still in L2
+                cols = (n_chunks - 1 - i) * BLOCK_N + cols0
+                mask = row_mask[:, None] & (cols[None, :] < N)
+                x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+                n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+                if HAS_WEIGHT:
+                    w = tl.load(W + cols, mask=cols < N, other=0.0)
+                    n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+                tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+            tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -272,8 +279,11 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     if rstd is None:
         rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(x))
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device())
-    triton_launch.launch(key, _fwd_kernel, (triton.cdiv(M, cfg.block_m),),
-                         (x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset),
+    row_blocks = triton.cdiv(M, cfg.block_m)
+    g = min(row_blocks, cfg.programs_per_sm * _sm_count(x)) if cfg.chunked(N) else row_blocks
+    triton_launch.launch(key, _fwd_kernel, (g,),
+                         (x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset, g,
+                          triton.cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
                                       HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
                                       num_warps=cfg.num_warps, **_common(x)), interpret=INTERPRET)
