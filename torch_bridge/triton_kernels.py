@@ -133,6 +133,17 @@ def _dx(x, g, rstd, c):
 # Kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
+             DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight)."""
+    n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cols < N, other=0.0)
+        n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+    tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+
+
+@triton.jit
 def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
@@ -147,11 +158,7 @@ def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
         mask = row_mask[:, None] & (cols0[None, :] < N)
         x = tl.load(X + base + cols0[None, :], mask=mask, other=0.0).to(CT)
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
-        n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
-        if HAS_WEIGHT:
-            w = tl.load(W + cols0, mask=cols0 < N, other=0.0)
-            n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
-        tl.store(Y + base + cols0[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+        _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
         tl.store(RSTD + rows, rstd, mask=row_mask)
     else:
         for it in range(0, ITERS):
@@ -170,11 +177,7 @@ def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 cols = (n_chunks - 1 - i) * BLOCK_N + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
                 x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
-                n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
-                if HAS_WEIGHT:
-                    w = tl.load(W + cols, mask=cols < N, other=0.0)
-                    n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
-                tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+                _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
             tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
