@@ -3,9 +3,8 @@
 Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` through the cached JAX
 functions (``api.forward_fn``/``backward_fn``, compiled by XLA and launched from torch by ``launch_route``, so both
 kernel families are timed the same way, by ``triton.testing.do_bench``), ``triton_config.Config`` to
-``triton_kernels``. The heuristic's
-config is timed first at every shape; the table marks the fastest per kernel, direction and shape, so a
-heuristic change can cite the sweep that justifies it.
+``triton_kernels``. The heuristic's config is timed first at every shape; the table marks the fastest per kernel,
+direction and shape, so a heuristic change can cite the sweep that justifies it.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from bench import timing
 from pallas_norm import backend, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
-SHAPES = ((32768, 1024), (32768, 2304), (32768, 4096), (32768, 5120), (32768, 8192), (4096, 16384),
-          (32768, 16384), (4096, 65536), (1024, 262144))
+SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 4096), (32768, 5120), (32768, 8192),
+          (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
 
 
@@ -62,7 +61,8 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
     else:
         grid = [dict(block_n=c, num_warps=w) for c, w in itertools.product((4096, 8192, 16384), (8, 16))]
         if not backward and not quick:  # the long-row forward's persistent grid
-            grid += [dict(block_n=16384, num_warps=w, programs_per_sm=p) for w, p in itertools.product((16, 32), (1, 2, 4))]
+            grid += [dict(block_n=16384, num_warps=w, programs_per_sm=p)
+                     for w, p in itertools.product((16, 32), (1, 2, 4))]
     return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
 
 
