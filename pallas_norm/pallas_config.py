@@ -91,11 +91,10 @@ class Config:
 def heuristic(m: int, n: int, *, backward: bool) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
-    sms = backend.num_sms()
     if n_pad > MAX_RESIDENT_COLS:
         cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
-        programs = per_sm * sms // cdiv(n, cols) if backward else per_sm * sms
-        return fit(Config(1, cols, warps, programs=max(1, programs), prefetch=prefetch), m, n, backward=backward)
+        programs = _grid(per_sm, cdiv(n, cols), backward)
+        return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
     rows = next_pow2(max(m, 1))
     if not backward:
         block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
@@ -103,8 +102,13 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 1024)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
-    return fit(Config(block_rows, n_pad, warps, programs=per_sm * sms, prefetch=prefetch, reload_weight=reload_weight),
-               m, n, backward=True)
+    return fit(Config(block_rows, n_pad, warps, programs=_grid(per_sm, 1, True), prefetch=prefetch,
+                      reload_weight=reload_weight), m, n, backward=True)
+
+
+def _grid(per_sm: int, chunks: int, backward: bool) -> int:
+    """A persistent grid of ``per_sm`` programs per SM; the backward's are shared among a row's column chunks."""
+    return max(1, per_sm * backend.num_sms() // (chunks if backward else 1))
 
 
 def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
@@ -118,6 +122,6 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
     if not backward and chunks == 1:
         return dataclasses.replace(config, programs=None)
     programs = config.programs
-    if programs is None:  # a forced config without a grid size: two programs per SM, shared among column chunks
-        programs = 2 * backend.num_sms() if chunks == 1 or not backward else max(1, 2 * backend.num_sms() // chunks)
+    if programs is None:  # a forced config without a grid size: two programs per SM
+        programs = _grid(2, chunks, backward)
     return dataclasses.replace(config, programs=max(1, min(programs, cdiv(max(m, 1), config.block_rows))))
