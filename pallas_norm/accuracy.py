@@ -213,10 +213,12 @@ class Reference:
         return errors, found
 
 
-def reference(x, weight, dy, *, eps: float, offset: float, casting: str) -> Reference:
+def reference(x, weight, dy, *, eps: float, offset: float, casting: str, dh_out=None) -> Reference:
     """The float64 reference, the naive float32 formula and the term scales of ``(x, weight, dy)`` (NumPy
-    arrays, or anything ``np.asarray`` takes; ``weight`` may be None)."""
+    arrays, or anything ``np.asarray`` takes; ``weight`` may be None). With ``dh_out`` (the fused add's backward,
+    ``x`` being ``h``), ``dx`` is ``dh = dx_norm + dh_out``, rounded once."""
     x, dy = np.asarray(x), np.asarray(dy)
+    dh2 = None if dh_out is None else _rows2d(np.asarray(dh_out))
     w = None if weight is None else np.asarray(weight)
     shape, dt = x.shape, x.dtype
     x2, dy2 = _rows2d(x), _rows2d(dy)
@@ -232,15 +234,19 @@ def reference(x, weight, dy, *, eps: float, offset: float, casting: str) -> Refe
 
     def run(rows: slice):
         y, dx, dw, rstd, g = _block(x2[rows], w64, dy2[rows], eps=eps, casting=casting, ct=F64, r=_identity)
-        exact["y"][rows], exact["dx"][rows] = y, dx
         ny, ndx, ndw, nrstd, _ = _block(x2[rows], w32, dy2[rows], eps=eps, casting=casting, ct=ct, r=r32)
+        dx_scale = _finite_max(rstd * g)
+        if dh2 is not None:
+            dx, ndx = rowmath.grad_residual(dx, dh2[rows].astype(F64)), rowmath.grad_residual(ndx, dh2[rows].astype(ct))
+            dx_scale = max(dx_scale, _finite_max(dh2[rows].astype(F64)))
+        exact["y"][rows], exact["dx"][rows] = y, dx
         if tie_rows is not None:
             tie_rows[rows] = _near_tie(nrstd[:, 0], dt, 4 * EPS32 * (math.sqrt(n) + 2) * np.abs(nrstd[:, 0]))
         naive["y"][rows], naive["dx"][rows] = ny.astype(dt), ndx.astype(dt)
         unrounded["y"][rows], unrounded["dx"][rows] = ny, ndx
         terms = dy2[rows].astype(F64) * x2[rows].astype(F64) * rstd
         errs = [max_abs_err(naive[o][rows], exact[o][rows], threads=False) for o in ("y", "dx")]
-        return dw, ndw, np.sum(terms * terms, axis=0), _finite_max(y), _finite_max(rstd * g), errs
+        return dw, ndw, np.sum(terms * terms, axis=0), _finite_max(y), dx_scale, errs
 
     parts = _map_rows(run, m, n)
     scale = {"y": max(p[3] for p in parts), "dx": max(p[4] for p in parts),

@@ -111,60 +111,75 @@ def _rms_norm_bwd(eps, offset, casting, impl, config, bwd_config, residuals, dy)
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
-def _forward_2d(x2, weight, *, eps, offset, casting, impl, config):
+def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None, h_dtype=None):
     m, n = x2.shape
+    fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
-        return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting)
+        return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)
     if m == 0:  # the kernels see at least one row
-        return jnp.zeros((0, n), x2.dtype), jnp.zeros((0,), jnp.float32)
+        rows = (jnp.zeros((0, n), h_dtype or x2.dtype),) * (1 + bool(fused))
+        return *rows, jnp.zeros((0,), jnp.float32)
     return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting,
-                           config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret")
+                           config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret",
+                           **fused)
 
 
-def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config):
+def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out=None):
     m, n = x2.shape
     if impl == "xla":
-        return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting)
+        return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out)
     if m == 0:
         return jnp.zeros((0, n), x2.dtype), None if weight is None else jnp.zeros((n,), weight.dtype)
-    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting,
+    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out,
                             config=pallas_config.fit(config, m, n, backward=True), interpret=impl == "interpret")
 
 
-@functools.lru_cache(maxsize=None)
-def forward_fn(eps, offset, casting, impl, config: Config | None = None):
-    """``f(x2, *weight) -> (y, rstd)`` on 2-D ``x2``; under ``vmap`` the batch axis is folded into the rows (one
-    launch). The custom VJP and the torch bridge both run exactly this function, hence identical bits."""
+def _broadcast(args, in_batched, axis_size):
+    return [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(args, in_batched)]
 
-    def fwd(x2, *w):
-        return _forward_2d(x2, w[0] if w else None, eps=eps, offset=offset, casting=casting, impl=impl,
-                           config=config)
+
+@functools.lru_cache(maxsize=None)
+def forward_fn(eps, offset, casting, impl, config: Config | None = None, h_dtype=None):
+    """``f(x2, *weight) -> (y, rstd)`` on 2-D ``x2``; under ``vmap`` the batch axis is folded into the rows (one
+    launch). The custom VJP and the torch bridge both run exactly this function, hence identical bits. With
+    ``h_dtype`` (the fused add): ``f(x2, residual2, *weight) -> (y, h, rstd)``, ``h = r(x + residual)`` in
+    ``h_dtype``."""
+    k = 1 if h_dtype is None else 2  # row operands (x[, residual]), and row results besides rstd (y[, h])
+
+    def fwd(*args):
+        w = args[k:]
+        extra = {} if k == 1 else dict(residual=args[1], h_dtype=h_dtype)
+        return _forward_2d(args[0], w[0] if w else None, eps=eps, offset=offset, casting=casting, impl=impl,
+                           config=config, **extra)
 
     if impl == "xla":
         return fwd
     f = jax.custom_batching.custom_vmap(fwd)
 
     @f.def_vmap
-    def _rule(axis_size, in_batched, x2, *w):
-        if w and in_batched[1]:  # per-example weights: one launch per example
-            x2 = x2 if in_batched[0] else jnp.broadcast_to(x2, (axis_size, *x2.shape))
-            return lax.map(lambda a: f(*a), (x2, *w)), (True, True)
-        b, m, n = x2.shape
-        y, rstd = f(x2.reshape(b * m, n), *w)
-        return (y.reshape(b, m, n), rstd.reshape(b, m)), (True, True)
+    def _rule(axis_size, in_batched, *args):
+        if len(args) > k and in_batched[k]:  # per-example weights: one launch per example
+            rows = _broadcast(args[:k], in_batched, axis_size)
+            return lax.map(lambda a: f(*a), (*rows, *args[k:])), (True,) * (k + 1)
+        rows = _broadcast(args[:k], in_batched, axis_size)
+        b, m, n = rows[0].shape
+        outs = f(*(a.reshape(b * m, n) for a in rows), *args[k:])
+        return (*(o.reshape(b, m, n) for o in outs[:k]), outs[k].reshape(b, m)), (True,) * (k + 1)
 
     return f
 
 
 @functools.lru_cache(maxsize=None)
-def backward_fn(offset, casting, impl, has_weight, config: Config | None = None):
+def backward_fn(offset, casting, impl, has_weight, config: Config | None = None, fused: bool = False):
     """``f(x2, *weight, dy2, rstd) -> (dx, dweight)``; under ``vmap`` rows are folded when there is no weight,
-    else each example runs its own launch (each needs its own ``dweight``)."""
+    else each example runs its own launch (each needs its own ``dweight``). ``fused`` (the fused add's backward,
+    ``x2`` being ``h``): ``f(h2, *weight, dy2, dh_out2, rstd) -> (dh, dweight)``, ``dh = r(dx_norm + dh_out)``."""
 
     def bwd(x2, *rest):
         w = rest[0] if has_weight else None
-        dy2, rstd = rest[-2:]
-        return _backward_2d(x2, w, dy2, rstd, offset=offset, casting=casting, impl=impl, config=config)
+        dy2, rstd = rest[has_weight], rest[-1]
+        extra = dict(dh_out=rest[has_weight + 1]) if fused else {}
+        return _backward_2d(x2, w, dy2, rstd, offset=offset, casting=casting, impl=impl, config=config, **extra)
 
     if impl == "xla":
         return bwd
@@ -172,12 +187,11 @@ def backward_fn(offset, casting, impl, has_weight, config: Config | None = None)
 
     @f.def_vmap
     def _rule(axis_size, in_batched, *args):
-        args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(args, in_batched)]
+        args = _broadcast(args, in_batched, axis_size)
         if has_weight:
             return lax.map(lambda a: f(*a), tuple(args)), (True, True)
-        x2, dy2, rstd = args
-        b, m, n = x2.shape
-        dx, _ = f(x2.reshape(b * m, n), dy2.reshape(b * m, n), rstd.reshape(b * m))
+        b, m, n = args[0].shape
+        dx, _ = f(*(a.reshape(b * m, n) for a in args[:-1]), args[-1].reshape(b * m))
         return (dx.reshape(b, m, n), None), (True, None)
 
     return f

@@ -12,7 +12,7 @@ from .semantics import check_scalars
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def _check_array(name: str, value: object) -> None:
+def check_array(name: str, value: object) -> None:
     if not isinstance(value, (jax.Array, np.ndarray)):
         kind = f"{type(value).__module__}.{type(value).__name__}"
         hint = "; for torch tensors use torch_bridge.rms_norm" if kind.startswith("torch.") else ""
@@ -30,13 +30,13 @@ def _devices(value: object) -> set | None:
 
 def check_inputs(x: object, weight: object, eps: object, offset: object, casting: object):
     """Validate everything ``rms_norm`` takes; return ``(x, weight, eps, offset, casting)`` normalised."""
-    _check_array("x", x)
+    check_array("x", x)
     if x.ndim < 1:
         raise ValueError(f"x must have at least 1 dimension (rows × hidden), got a {x.ndim}-d array")
     if x.shape[-1] < 1:
         raise ValueError(f"x's last axis (the hidden size N) must be >= 1, got shape {tuple(x.shape)}")
     if weight is not None:
-        _check_array("weight", weight)
+        check_array("weight", weight)
         if tuple(weight.shape) != (x.shape[-1],):
             raise ValueError(f"weight must have shape ({x.shape[-1]},) (x's last axis), got {tuple(weight.shape)}")
         x_devices, w_devices = _devices(x), _devices(weight)

@@ -47,31 +47,50 @@ def _rstd(sumsq, n: int, eps: float):
     return rowmath.rstd_from_sumsq(sumsq, F32(n), F32(eps), lax.rsqrt)
 
 
-def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool):
+def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
     """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
     chunk: sum of squares forwards, then normalise backwards (the chunks read last in the first pass are the
-    likeliest still in L2). With ``config.prefetch`` the next chunk is loaded before the current one is used."""
-    x_ref, w_ref, y_ref, rstd_ref = refs if has_weight else (refs[0], None, *refs[1:])
+    likeliest still in L2). With ``config.prefetch`` the next chunk is loaded before the current one is used.
+    ``has_residual`` (the fused add): the row normalised is ``h = r_h(x + residual)``, also stored (refs
+    ``x, residual, [weight], y, h, rstd``); long rows add again in the second pass instead of re-reading ``h``."""
+    refs = list(refs)
+    x_ref = refs.pop(0)
+    res_ref = refs.pop(0) if has_residual else None
+    w_ref = refs.pop(0) if has_weight else None
+    y_ref = refs.pop(0)
+    h_ref = refs.pop(0) if has_residual else None
+    rstd_ref = refs.pop(0)
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
 
-    def emit(rows, rmask, k, x_raw, rstd):
+    def emit(rows, rmask, k, h32, rstd):
         cols, cmask = _span(k * bc, bc, n)
-        n_val = rowmath.normalized(x_raw.astype(F32), rstd[:, None], casting, rounder(dt))
+        mask = rmask[:, None] & cmask[None, :]
+        if h_ref is not None:
+            backend.store(h_ref.at[rows[:, None], cols[None, :]], h32.astype(dt), mask)
+        n_val = rowmath.normalized(h32, rstd[:, None], casting, rounder(dt))
         y = rowmath.output(n_val, _weight(w_ref, cols, cmask, offset, casting, dt)).astype(dt)
-        backend.store(y_ref.at[rows[:, None], cols[None, :]], y, rmask[:, None] & cmask[None, :])
+        backend.store(y_ref.at[rows[:, None], cols[None, :]], y, mask)
 
     def fetch(rows, rmask, k):
-        """The raw ``(rows, chunk k)`` tile of x (chunks outside the row read nothing)."""
+        """The raw ``(rows, chunk k)`` tiles of x (and residual) (chunks outside the row read nothing)."""
         cols, cmask = _span(k * bc, bc, n)
-        return _tile(x_ref, rows, rmask, cols, cmask & (k >= 0) & (k < chunks), dtype=None)
+        cmask = cmask & (k >= 0) & (k < chunks)
+        x = _tile(x_ref, rows, rmask, cols, cmask, dtype=None)
+        return x if res_ref is None else (x, _tile(res_ref, rows, rmask, cols, cmask, dtype=None))
+
+    def row(tiles):
+        """The row values normalised, widened to float32: x, or ``h = r_h(x + residual)`` (h's dtype is y's)."""
+        if res_ref is None:
+            return tiles.astype(F32)
+        return rowmath.residual_add(tiles[0].astype(F32), tiles[1].astype(F32), rounder(dt))
 
     if chunks == 1:
         rows, rmask = _span(pl.program_id(0) * br, br, m)
-        x32 = fetch(rows, rmask, 0).astype(F32)
-        rstd = _rstd(jnp.sum(x32 * x32, axis=1), n, eps)
-        emit(rows, rmask, 0, x32, rstd)
+        h32 = row(fetch(rows, rmask, 0))
+        rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
+        emit(rows, rmask, 0, h32, rstd)
         backend.store(rstd_ref.at[rows], rstd, rmask)
         return
 
@@ -81,11 +100,11 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     def _(t):
         rows, rmask = _span((pid + t * config.programs) * br, br, m)
         sumsq = _walk(chunks, config.prefetch, functools.partial(fetch, rows, rmask),
-                      lambda k, tile, acc: acc + _sq(tile.astype(F32)), jnp.zeros((br, bc), F32))
+                      lambda k, tiles, acc: acc + _sq(row(tiles)), jnp.zeros((br, bc), F32))
         rstd = _rstd(jnp.sum(sumsq, axis=1), n, eps)
         last = chunks - 1
         _walk(chunks, config.prefetch, lambda k: fetch(rows, rmask, last - k),
-              lambda k, tile, _: emit(rows, rmask, last - k, tile, rstd), None)
+              lambda k, tiles, _: emit(rows, rmask, last - k, row(tiles), rstd), None)
         backend.store(rstd_ref.at[rows], rstd, rmask)
 
 
@@ -107,14 +126,18 @@ def _walk(steps: int, prefetch: bool, fetch, use, carry):
     return lax.fori_loop(0, steps, body, (fetch(0), carry))[1]
 
 
-def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw):
+def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw, has_dh_out=False):
     """Persistent backward: program ``pid`` takes row blocks pid, pid + programs, ...; writes their ``dx`` and
     one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers.
-    Chunked rows: program ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel."""
+    Chunked rows: program ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel.
+    ``has_dh_out`` (the fused add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out,
+    rstd, …``)."""
     refs = list(refs)
     x_ref = refs.pop(0)
     w_ref = refs.pop(0) if has_weight else None
-    dy_ref, rstd_ref = refs.pop(0), refs.pop(0)
+    dy_ref = refs.pop(0)
+    dh_ref = refs.pop(0) if has_dh_out else None
+    rstd_ref = refs.pop(0)
     s_ref = None if config.resident(n) else refs.pop(0)
     dx_ref = refs.pop(0) if need_dx else None
     dwp_ref = refs.pop(0) if need_dw else None
@@ -127,8 +150,11 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     def fetch(t):
         """Row block ``t`` of this program: raw x and dy tiles, rstd (blocks past the last row read nothing)."""
         rows, rmask = _span((pid + t * programs) * br, br, m)
-        return (_tile(x_ref, rows, rmask, cols, cmask, dtype=None), _tile(dy_ref, rows, rmask, cols, cmask, dtype=None),
-                backend.load(rstd_ref.at[rows], rmask))
+        tiles = (_tile(x_ref, rows, rmask, cols, cmask, dtype=None), _tile(dy_ref, rows, rmask, cols, cmask, dtype=None),
+                 backend.load(rstd_ref.at[rows], rmask))
+        if dh_ref is not None and need_dx:
+            tiles += (_tile(dh_ref, rows, rmask, cols, cmask, dtype=None),)
+        return tiles
 
     def use(t, tiles, dw_acc):
         rows, rmask = _span((pid + t * programs) * br, br, m)
@@ -140,7 +166,10 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
                 sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
             else:
                 sum_gx = backend.load(s_ref.at[rows], rmask)[:, None]
-            dx = rowmath.grad_input(x32, g, rstd, sum_gx, F32(n)).astype(dt)
+            dx = rowmath.grad_input(x32, g, rstd, sum_gx, F32(n))
+            if dh_ref is not None:
+                dx = rowmath.grad_residual(dx, tiles[3].astype(F32))
+            dx = dx.astype(dt)
             backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx, rmask[:, None] & cmask[None, :])
         if need_dw:
             n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
@@ -182,25 +211,31 @@ def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
     backend.store(dw_ref.at[cols], acc.astype(dw_ref.dtype), cmask)
 
 
-def forward(x, weight, *, eps: float, offset: float, casting: str, config: Config, interpret: bool):
-    """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)``; ``rstd`` is float32 of shape ``(m,)``."""
+def forward(x, weight, *, eps: float, offset: float, casting: str, config: Config, interpret: bool,
+            residual=None, h_dtype=None):
+    """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)``; ``rstd`` is float32 of shape ``(m,)``. With ``residual``
+    (the fused add): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and ``y`` the norm of ``h``."""
     m, n = x.shape
+    fused = residual is not None
     kernel = functools.partial(_fwd_kernel, m=m, n=n, eps=eps, offset=offset, casting=casting, config=config,
-                               has_weight=weight is not None)
-    args = (x,) if weight is None else (x, weight)
+                               has_weight=weight is not None, has_residual=fused)
+    args = (x, *((residual,) if fused else ()), *(() if weight is None else (weight,)))
+    row_dtype = h_dtype if fused else x.dtype
     return pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m,), F32)),
+        out_shape=(jax.ShapeDtypeStruct((m, n), row_dtype), *(jax.ShapeDtypeStruct((m, n), row_dtype),) * fused,
+                   jax.ShapeDtypeStruct((m,), F32)),
         grid=(cdiv(m, config.block_rows) if config.resident(n) else config.programs,),
         compiler_params=backend.compiler_params(config.num_warps, config.num_stages, interpret=interpret),
         interpret=interpret,
-        name="pallas_norm_fwd",
+        name="pallas_norm_add_fwd" if fused else "pallas_norm_fwd",
     )(*args)
 
 
 def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config, interpret: bool,
-             need_dx: bool = True, need_dw: bool = True):
-    """``(dx, dweight)`` for 2-D ``x``/``dy`` (``None`` for what is not needed); ``dy`` is only read."""
+             need_dx: bool = True, need_dw: bool = True, dh_out=None):
+    """``(dx, dweight)`` for 2-D ``x``/``dy`` (``None`` for what is not needed); ``dy`` is only read. With
+    ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``."""
     m, n = x.shape
     has_weight = weight is not None
     need_dw = need_dw and has_weight
@@ -214,12 +249,15 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
         out_shape.append(jax.ShapeDtypeStruct((config.programs, n), F32))
     if not out_shape:
         return None, None
-    bwd = functools.partial(_bwd_kernel, **statics, need_dx=need_dx, need_dw=need_dw)
+    fused = dh_out is not None and need_dx
+    bwd = functools.partial(_bwd_kernel, **statics, need_dx=need_dx, need_dw=need_dw, has_dh_out=fused)
+    row_args = (dy, dh_out) if fused else (dy,)
+    prefix = "pallas_norm_add_bwd" if fused else "pallas_norm_bwd"
     if config.resident(n):
         outs = pl.pallas_call(
             bwd, out_shape=tuple(out_shape), grid=(config.programs,), compiler_params=params,
-            interpret=interpret, name="pallas_norm_bwd",
-        )(x, *w_args, dy, rstd)
+            interpret=interpret, name=prefix,
+        )(x, *w_args, *row_args, rstd)
     else:
         sum_gx = pl.pallas_call(
             functools.partial(_bwd_rowsum_kernel, **statics),
@@ -228,8 +266,8 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
         )(x, *w_args, dy)
         outs = pl.pallas_call(
             bwd, out_shape=tuple(out_shape), grid=(config.programs, config.chunks(n)), compiler_params=params,
-            interpret=interpret, name="pallas_norm_bwd_chunks",
-        )(x, *w_args, dy, rstd, sum_gx)
+            interpret=interpret, name=f"{prefix}_chunks",
+        )(x, *w_args, *row_args, rstd, sum_gx)
     outs = list(outs)
     dx = outs.pop(0) if need_dx else None
     dweight = None

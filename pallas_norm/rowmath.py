@@ -57,3 +57,14 @@ def grad_input(x: A, g: A, rstd: A, sum_gx: A, n: int) -> A:
 def dweight_terms(dy: A, n_value: A) -> A:
     """Per-element contribution to ``dweight = Σ_rows dy·n``."""
     return dy * n_value
+
+
+def residual_add(x: A, residual: A, r_h: Rounder) -> A:
+    """The fused add ``h = r_h(x + residual)``: one rounding, to the residual stream's dtype (``r_h``)."""
+    return r_h(x + residual)
+
+
+def grad_residual(dx_norm: A, dh_out: A) -> A:
+    """``dh = dx_norm + dh_out``: the norm's input gradient plus ``h``'s own cotangent, before one rounding (the
+    fused add's ``dx`` and ``dresidual`` are both ``dh``)."""
+    return dx_norm + dh_out

@@ -110,61 +110,68 @@ def _shard_map(f: Callable, x: jax.Array, in_specs: tuple, out_specs: tuple) -> 
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=names, check_vma=False)
 
 
-def _rule(operands: list[str], results: str, has_weight: bool) -> dict:
+def _rule(operands: list[str], results: str, has_weight: bool, weight_at: int = 1) -> dict:
     """Shardy rule: rows (``...``) and hidden ``n`` pass through; the weight's own factor ``k`` is replicated
     (a separate factor, so a sharded weight never pushes its sharding onto ``x``'s hidden axis)."""
     if has_weight:
-        operands = [operands[0], "k", *operands[1:]]
+        operands = [*operands[:weight_at], "k", *operands[weight_at:]]
     return dict(sharding_rule=f"{', '.join(operands)} -> {results}",
                 need_replication_factors=("k",) if has_weight else ())
 
 
 @functools.lru_cache(maxsize=None)
-def forward(fwd_2d: Callable, has_weight: bool) -> Callable:
-    """``f(x, *weight) -> (y, rstd)`` on N-D ``x`` (``rstd``: shape ``x.shape[:-1]``) from a 2-D ``fwd_2d``."""
+def forward(fwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable:
+    """``f(x, *weight) -> (y, rstd)`` on N-D ``x`` (``rstd``: shape ``x.shape[:-1]``) from a 2-D ``fwd_2d``;
+    ``fused``: ``f(x, residual, *weight) -> (y, h, rstd)`` (the fused add)."""
+    k = 1 + fused  # row operands, and row results besides rstd
 
-    def local(x, *w):
-        y, rstd = fwd_2d(x.reshape(-1, x.shape[-1]), *w)
-        return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
+    def local(*args):
+        shape = args[0].shape
+        outs = fwd_2d(*(a.reshape(-1, shape[-1]) for a in args[:k]), *args[k:])
+        return (*(o.reshape(shape) for o in outs[:k]), outs[k].reshape(shape[:-1]))
 
     def partition(mesh: Mesh, arg_shapes: tuple, result_shape: tuple) -> tuple:
         x = arg_shapes[0]
         rows = row_spec(x.shape, x.sharding.spec, mesh)
         x_sh, r_sh = NamedSharding(mesh, P(*rows, None)), NamedSharding(mesh, P(*rows))
-        return mesh, local, (x_sh, r_sh), (x_sh, *(NamedSharding(mesh, P()),) * has_weight)
+        return mesh, local, (*(x_sh,) * k, r_sh), (*(x_sh,) * k, *(NamedSharding(mesh, P()),) * has_weight)
 
     cp = custom_partitioning(local)
-    cp.def_partition(partition, **_rule(["... n"], "... n, ...", has_weight))
-    f = custom_vmap(lambda x, *w: cp(x, *w))
+    cp.def_partition(partition, **_rule(["... n"] * k, "... n, " * k + "...", has_weight, weight_at=k))
+    f = custom_vmap(lambda *args: cp(*args))
 
     @f.def_vmap
-    def _batched(axis_size, in_batched, x, *w):
-        if w and in_batched[1]:  # per-example weights: the unpartitioned function, vmapped as before
-            return jax.vmap(local, in_axes=(0 if in_batched[0] else None, 0))(x, *w), (True, True)
-        return f(x, *w), (True, True)  # the vmap axis is one more row axis
+    def _batched(axis_size, in_batched, *args):
+        if len(args) > k and in_batched[k]:  # per-example weights: the unpartitioned function, vmapped as before
+            return jax.vmap(local, in_axes=tuple(0 if b else None for b in in_batched))(*args), (True,) * (k + 1)
+        args = [a if b or i >= k else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for i, (a, b) in enumerate(zip(args, in_batched))]
+        return f(*args), (True,) * (k + 1)  # the vmap axis is one more row axis
 
-    def call(x, *w):
+    def call(*args):
         if not partitioned():
-            return local(x, *w)
+            return local(*args)
+        x = args[0]
         rows = explicit_rows(x)
         if rows is None:
-            return f(x, *w)
+            return f(*args)
         xs, rs = P(*rows, None), P(*rows)
-        run = _shard_map(local, x, (xs, *(P(),) * has_weight), (xs, rs))
-        return run(_reshard(x, x, xs), *(_reshard(v, x, P()) for v in w))
+        run = _shard_map(local, x, (*(xs,) * k, *(P(),) * has_weight), (*(xs,) * k, rs))
+        return run(*(_reshard(v, x, xs) for v in args[:k]), *(_reshard(v, x, P()) for v in args[k:]))
 
     return call
 
 
 @functools.lru_cache(maxsize=None)
-def backward(bwd_2d: Callable, has_weight: bool) -> Callable:
+def backward(bwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable:
     """``f(x, *weight, dy, rstd) -> (dx, dweight)`` on N-D ``x``/``dy`` from a 2-D ``bwd_2d``; ``dweight`` is
-    ``None`` without a weight."""
+    ``None`` without a weight. ``fused``: ``f(h, *weight, dy, dh_out, rstd)`` (the fused add's backward)."""
+    k = 1 + fused  # row cotangents (dy[, dh_out])
 
     def local(x, *rest):
-        *w, dy, rstd = rest
         n = x.shape[-1]
-        dx, dweight = bwd_2d(x.reshape(-1, n), *w, dy.reshape(-1, n), rstd.reshape(-1))
+        w, cts, rstd = rest[:has_weight], rest[has_weight:-1], rest[-1]
+        dx, dweight = bwd_2d(x.reshape(-1, n), *w, *(c.reshape(-1, n) for c in cts), rstd.reshape(-1))
         return dx.reshape(x.shape), dweight
 
     def sharded(rows: tuple) -> Callable:
@@ -179,13 +186,13 @@ def backward(bwd_2d: Callable, has_weight: bool) -> Callable:
         rows = row_spec(x.shape, x.sharding.spec, mesh)
         x_sh, r_sh, w_sh = (NamedSharding(mesh, P(*rows, None)), NamedSharding(mesh, P(*rows)),
                             NamedSharding(mesh, P()))
-        return mesh, sharded(rows), (x_sh, *(w_sh,) * has_weight), (x_sh, *(w_sh,) * has_weight, x_sh, r_sh)
+        return mesh, sharded(rows), (x_sh, *(w_sh,) * has_weight), (x_sh, *(w_sh,) * has_weight, *(x_sh,) * k, r_sh)
 
     def unpack(out: tuple) -> tuple:
         return out[0], out[1] if has_weight else None
 
     cp = custom_partitioning(sharded(()))
-    cp.def_partition(partition, **_rule(["... n", "... n", "..."], "... n" + ", k" * has_weight, has_weight))
+    cp.def_partition(partition, **_rule(["... n"] * (1 + k) + ["..."], "... n" + ", k" * has_weight, has_weight))
     f = custom_vmap(lambda x, *rest: unpack(cp(x, *rest)))
 
     @f.def_vmap
@@ -201,10 +208,11 @@ def backward(bwd_2d: Callable, has_weight: bool) -> Callable:
         rows = explicit_rows(x)
         if rows is None:
             return _sum_dweight(f(x, *rest), rest[:has_weight])
-        *w, dy, rstd = rest
+        w, cts, rstd = rest[:has_weight], rest[has_weight:-1], rest[-1]
         xs, rs = P(*rows, None), P(*rows)
-        run = _shard_map(sharded(rows), x, (xs, *(P(),) * has_weight, xs, rs), (xs, P()) if has_weight else (xs,))
+        run = _shard_map(sharded(rows), x, (xs, *(P(),) * has_weight, *(xs,) * k, rs),
+                         (xs, P()) if has_weight else (xs,))
         w = [_reshard(v, x, P()) for v in w]
-        return unpack(run(_reshard(x, x, xs), *w, _reshard(dy, x, xs), _reshard(rstd, x, rs)))
+        return unpack(run(_reshard(x, x, xs), *w, *(_reshard(c, x, xs) for c in cts), _reshard(rstd, x, rs)))
 
     return call

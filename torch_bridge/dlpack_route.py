@@ -31,7 +31,7 @@ import jax
 import torch
 
 from pallas_norm import api, compat
-from torch_bridge.jax_device import jax_device_for
+from torch_bridge.jax_device import JAX_DTYPES, jax_device_for
 
 _KDL_CUDA = 2
 
@@ -65,24 +65,27 @@ def _impl_for(device: jax.Device) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_jit(eps: float, offset: float, casting: str, impl: str):
-    fn = api.forward_fn(eps, offset, casting, impl)
+def _forward_jit(eps: float, offset: float, casting: str, impl: str, h_dtype=None):
+    fn = api.forward_fn(eps, offset, casting, impl, None, h_dtype)
+    k = 1 if h_dtype is None else 2  # row operands: x[, residual]; row results: y[, h]
 
-    def run(x, *w):  # reshapes are free bitcasts in XLA; torch then gets x-shaped tensors, not views
-        y, rstd = fn(x.reshape(-1, x.shape[-1]), *w)
-        return y.reshape(x.shape), rstd.reshape(x.shape[:-1])
+    def run(*args):  # reshapes are free bitcasts in XLA; torch then gets x-shaped tensors, not views
+        shape = args[0].shape
+        outs = fn(*(a.reshape(-1, shape[-1]) for a in args[:k]), *args[k:])
+        return (*(o.reshape(shape) for o in outs[:k]), outs[k].reshape(shape[:-1]))
 
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=None)
-def _backward_jit(offset: float, casting: str, impl: str, has_weight: bool):
-    fn = api.backward_fn(offset, casting, impl, has_weight)
+def _backward_jit(offset: float, casting: str, impl: str, has_weight: bool, fused: bool = False):
+    fn = api.backward_fn(offset, casting, impl, has_weight, None, fused)
 
-    def run(x, *rest):
-        dy, rstd = rest[-2:]
+    def run(x, *rest):  # rest: *weight, dy[, dh_out], rstd
         n = x.shape[-1]
-        dx, dweight = fn(x.reshape(-1, n), *rest[:-2], dy.reshape(-1, n), rstd.reshape(-1))
+        cts = rest[has_weight:-1]
+        dx, dweight = fn(x.reshape(-1, n), *rest[:has_weight], *(c.reshape(-1, n) for c in cts),
+                         rest[-1].reshape(-1))
         return dx.reshape(x.shape), dweight
 
     return jax.jit(run)
@@ -95,6 +98,26 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
     args = [to_jax(x, device)] + ([] if weight is None else [to_jax(weight, device)])
     y, rstd = _forward_jit(eps, offset, casting, _impl_for(device))(*args)
     return to_torch(y), to_torch(rstd)
+
+
+def add_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                casting: str, h_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused add's ``(y, h, rstd)`` via ``api.forward_fn`` with ``h_dtype``."""
+    device = jax_device_for(x)
+    args = [to_jax(x, device), to_jax(residual, device)] + ([] if weight is None else [to_jax(weight, device)])
+    outs = _forward_jit(eps, offset, casting, _impl_for(device), JAX_DTYPES[h_dtype])(*args)
+    return tuple(to_torch(o) for o in outs)
+
+
+def add_backward(dy: torch.Tensor, dh_out: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
+                 rstd: torch.Tensor, offset: float, casting: str, need_dweight: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused add's ``(dh, dweight)`` via ``api.backward_fn(..., fused=True)``."""
+    device = jax_device_for(h)
+    args = [to_jax(h, device)] + ([] if weight is None else [to_jax(weight, device)])
+    fn = _backward_jit(offset, casting, _impl_for(device), weight is not None, True)
+    dh, dweight = fn(*args, to_jax(dy, device), to_jax(dh_out, device), to_jax(rstd, device))
+    return to_torch(dh), (to_torch(dweight) if need_dweight and dweight is not None else None)
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,

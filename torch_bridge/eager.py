@@ -44,6 +44,18 @@ def rms_norm_ref_forward(x: torch.Tensor, weight: torch.Tensor | None = None, ep
     return y.to(x.dtype), rstd.squeeze(-1)
 
 
+def rms_norm_add_ref_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                             eps: float = 1e-6, *, offset: float = 0.0, casting: str = "llama",
+                             h_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused add: ``(y, h, rstd)`` with ``h = r(x + residual)`` in ``h_dtype`` (default x's) and ``(y, rstd)``
+    :func:`rms_norm_ref_forward` of ``h``."""
+    h_dtype = h_dtype or x.dtype
+    cdt = _compute_dtype(torch.empty((), dtype=h_dtype))
+    h = rowmath.residual_add(x.to(cdt), residual.to(cdt), _rounder(h_dtype)).to(h_dtype)
+    y, rstd = rms_norm_ref_forward(h, weight, eps, offset=offset, casting=casting)
+    return y, h, rstd
+
+
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *, offset: float = 0.0,
                  casting: str = "llama") -> torch.Tensor:
     """``y`` of :func:`rms_norm_ref_forward`; differentiable by autograd. Use :func:`rms_norm_ref_backward` for the
@@ -52,14 +64,15 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
 
 
 def rms_norm_ref_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
-                          offset: float = 0.0, casting: str = "llama", rstd: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          offset: float = 0.0, casting: str = "llama", rstd: torch.Tensor | None = None,
+                          dh_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(dx, dweight)`` by the backward of docs/semantics.md:
 
         g  = dy * w_eff (r(.) for llama/none), dx = r(rstd * (g - x * rstd^2 * mean(g * x)))
         dweight = sum over rows of dy * n, returned in weight.dtype (None without weight)
 
-    ``rstd`` (shape x.shape[:-1]) is recomputed from x when not given.
+    ``rstd`` (shape x.shape[:-1]) is recomputed from x when not given. With ``dh_out`` (the fused add's backward,
+    ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``.
     """
     eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
     cdt, r = _compute_dtype(x), _rounder(x.dtype)
@@ -67,7 +80,10 @@ def rms_norm_ref_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     rstd = _rstd(x32, eps) if rstd is None else rstd.to(cdt).unsqueeze(-1)
     dy32 = dy.to(cdt)
     g = rowmath.grad_scale(dy32, _w_eff(weight, offset, casting, cdt, r), casting, r)
-    dx = rowmath.grad_input(x32, g, rstd, (g * x32).sum(-1, keepdim=True), x.shape[-1]).to(x.dtype)
+    dx = rowmath.grad_input(x32, g, rstd, (g * x32).sum(-1, keepdim=True), x.shape[-1])
+    if dh_out is not None:
+        dx = rowmath.grad_residual(dx, dh_out.to(cdt))
+    dx = dx.to(x.dtype)
     if weight is None:
         return dx, None
     dweight = rowmath.dweight_terms(dy32, rowmath.normalized(x32, rstd, casting, r)).reshape(-1, x.shape[-1]).sum(0)

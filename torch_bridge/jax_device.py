@@ -1,4 +1,5 @@
-"""Which JAX device serves a torch tensor, and JAX's memory settings inside a torch process.
+"""Which JAX device serves a torch tensor (and JAX's dtype for a torch dtype), and JAX's memory settings inside a
+torch process.
 
 JAX pre-allocates 75% of GPU memory on first use; in a process that also runs torch that starves torch's
 caching allocator. Importing ``torch_bridge`` therefore sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless
@@ -15,6 +16,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402  (after the environment default above)
 import torch  # noqa: E402
+
+JAX_DTYPES = {torch.float16: jax.numpy.float16, torch.bfloat16: jax.numpy.bfloat16, torch.float32: jax.numpy.float32}
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,12 +24,11 @@ import torch
 
 from pallas_norm import api, compat
 from torch_bridge import cuda_driver, xla_binaries
+from torch_bridge.jax_device import JAX_DTYPES
 
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device -> the cudaStream_t torch uses
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-_JAX_DTYPES = {torch.float16: jax.numpy.float16, torch.bfloat16: jax.numpy.bfloat16,
-               torch.float32: jax.numpy.float32}
 
 
 class UnsupportedProgram(RuntimeError):
@@ -114,21 +113,23 @@ def parse_program(module) -> Program:
 
 
 def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct(s, _JAX_DTYPES[d]) for s, d in shapes_dtypes]
+    return [jax.ShapeDtypeStruct(s, JAX_DTYPES[d]) for s, d in shapes_dtypes]
 
 
-def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str, config=None):
-    fn = api.forward_fn(eps, offset, casting, "pallas", config)
-    specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)]))
+def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str, config=None,
+                   residual_dtype=None, h_dtype=None):
+    fn = api.forward_fn(eps, offset, casting, "pallas", config, None if h_dtype is None else JAX_DTYPES[h_dtype])
+    specs = _specs([((m, n), x_dtype)] + ([] if residual_dtype is None else [((m, n), residual_dtype)])
+                   + ([] if w_dtype is None else [((n,), w_dtype)]))
     return jax.jit(fn).trace(*specs).lower()
 
 
-def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str, config=None):
-    fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None, config)
+def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str, config=None, fused=False):
+    fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None, config, fused)
     if w_dtype is None:
         fn = functools.partial(lambda f, *a: f(*a)[0], fn)
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)])
-                   + [((m, n), x_dtype), ((m,), torch.float32)])
+                   + [((m, n), x_dtype)] * (1 + fused) + [((m,), torch.float32)])
     return jax.jit(fn).trace(*specs).lower()
 
 
@@ -230,17 +231,21 @@ def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
 
 
 @functools.lru_cache(maxsize=256)
-def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int, config=None) -> Launcher:
+def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int, config=None,
+                     residual_dtype=None, h_dtype=None) -> Launcher:
     """The forward ``(x, *weight) -> (y, rstd)``; ``config`` a ``pallas_config.Config`` (None: the heuristic's,
-    as the JAX API runs; sweeps time others)."""
+    as the JAX API runs; sweeps time others). With ``residual_dtype`` and ``h_dtype`` the fused add's forward
+    ``(x, residual, *weight) -> (y, h, rstd)``."""
     with torch.cuda.device(device_index):
-        lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting, config)
-    return _load(lowered, device_index, {0: 0})  # y like x
+        lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting, config, residual_dtype, h_dtype)
+    return _load(lowered, device_index, {0: 0} if h_dtype is None else {0: 1, 1: 1})  # y (and h) like x (residual)
 
 
 @functools.lru_cache(maxsize=256)
-def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int, config=None) -> Launcher:
-    """The backward ``(x, *weight, dy, rstd) -> (dx, *dweight)``; ``config`` as for ``forward_launcher``."""
+def backward_launcher(m, n, x_dtype, w_dtype, offset, casting, device_index: int, config=None,
+                      fused=False) -> Launcher:
+    """The backward ``(x, *weight, dy, rstd) -> (dx, *dweight)``; ``config`` as for ``forward_launcher``. ``fused``:
+    the fused add's backward ``(h, *weight, dy, dh_out, rstd) -> (dh, *dweight)``."""
     with torch.cuda.device(device_index):
-        lowered = _lower_backward(m, n, x_dtype, w_dtype, offset, casting, config)
+        lowered = _lower_backward(m, n, x_dtype, w_dtype, offset, casting, config, fused)
     return _load(lowered, device_index, {0: 0} if w_dtype is None else {0: 0, 1: 1})  # dx like x, dweight like w

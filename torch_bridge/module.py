@@ -6,7 +6,7 @@ import torch
 
 from pallas_norm.semantics import check_scalars
 from pallas_norm import registry
-from torch_bridge.ops import rms_norm
+from torch_bridge.ops import rms_norm, rms_norm_add
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -53,3 +53,27 @@ class RMSNorm(torch.nn.RMSNorm):
                 runs = f" (runs {on_cuda!r} on CUDA, {elsewhere!r} elsewhere)"
         return (f"{super().extra_repr()}, offset={self.offset}, casting={self.casting!r}, "
                 f"backend={self.backend!r}{runs}")
+
+
+class FusedAddRMSNorm(RMSNorm):
+    """``forward(x, residual) -> (y, h)``: ``h = r(x + residual)`` (in ``residual_dtype``, default x's) and
+    ``y = RMSNorm(h)``, one kernel per direction (``torch_bridge.rms_norm_add``); Liger's ``LigerFusedAddRMSNorm``
+    convention. Same parameter, initialisation and options as :class:`RMSNorm`."""
+
+    def __init__(self, normalized_shape: int | tuple[int] | list[int], eps: float = 1e-6, *,
+                 residual_dtype: torch.dtype | None = None, **kwargs) -> None:
+        if residual_dtype is not None and (not isinstance(residual_dtype, torch.dtype)
+                                           or not residual_dtype.is_floating_point):
+            raise TypeError(f"residual_dtype must be a floating torch.dtype or None, got {residual_dtype!r}")
+        super().__init__(normalized_shape, eps, **kwargs)
+        self.residual_dtype = residual_dtype
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(x, torch.Tensor) and x.shape[-1:] != self.normalized_shape:
+            raise ValueError(f"x's last dimension must be normalized_shape[0]={self.normalized_shape[0]}, got shape "
+                             f"{tuple(x.shape)}")
+        return rms_norm_add(x, residual, self.weight, self.eps, offset=self.offset, casting=self.casting,
+                            residual_dtype=self.residual_dtype, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.residual_dtype is None else f", residual_dtype={self.residual_dtype}")

@@ -6,7 +6,7 @@ import torch
 
 from pallas_norm import registry
 from pallas_norm.semantics import check_scalars
-from torch_bridge import custom_ops, pallas_backends, triton_backend  # noqa: F401  (the backends register their ops)
+from torch_bridge import custom_ops, fused_ops, pallas_backends, triton_backend  # noqa: F401  (backends register ops)
 
 BACKENDS: tuple[str, ...] = registry.TORCH_BACKENDS
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -71,3 +71,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     impl = registry.torch_backend(backend, x.is_cuda)
     check_backend(impl, backend, x, weight)
     return custom_ops.apply(x, weight, eps, offset, casting, impl.name)
+
+
+def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+                 offset: float = 0.0, casting: str = "llama", residual_dtype: torch.dtype | None = None,
+                 backend: str = "pallas") -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add fused with RMSNorm: ``(y, h)`` with ``h = r(x + residual)`` in ``residual_dtype``
+    (default x's dtype; float32 for an fp32 residual stream) and ``y = rms_norm(h, weight, eps, ...)`` in h's
+    dtype, bit for bit; one kernel per direction (``pallas_norm.rms_norm_add`` in JAX, same bits on the Pallas
+    backends). Backward: ``dh = r(dx_norm + dh_out)`` with ``dh_out`` h's own gradient; ``x`` and ``residual`` both
+    get ``dh`` (in their dtypes). ``backend`` as for :func:`rms_norm`. Never writes into its inputs or cotangents.
+    """
+    eps, offset, casting = check_scalars(eps, offset, casting, has_weight=weight is not None)
+    check_tensors(x, weight)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__module__}.{type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    if residual.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"residual must have a floating dtype in {FLOAT_DTYPES}, got {residual.dtype}")
+    if residual.device != x.device:
+        raise ValueError(f"residual must be on x's device {x.device}, got {residual.device}")
+    h_dtype = x.dtype if residual_dtype is None else residual_dtype
+    if h_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"residual_dtype must be None or a torch dtype in {FLOAT_DTYPES}, got {residual_dtype!r}")
+    impl = registry.torch_backend(backend, x.is_cuda)
+    check_backend(impl, backend, x, weight)
+    for name, dtype in (("residual", residual.dtype), ("residual_dtype", h_dtype)):
+        if dtype == torch.float64 and not impl.float64:
+            raise TypeError(f"{name} must be float32, bfloat16 or float16 for backend={backend!r} (the Pallas "
+                            "kernels), got torch.float64; use backend='triton' for float64")
+    return fused_ops.apply(x, residual, weight, eps, offset, casting, h_dtype, impl.name)

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from torch_bridge import custom_ops, dlpack_route, launch_route
+from torch_bridge import custom_ops, dlpack_route, fused_ops, launch_route
 
 _LAUNCHERS: dict[tuple, launch_route.Launcher | None] = {}  # (kind, key, device) -> launcher; None: unsupported
 
@@ -78,7 +78,38 @@ def _launch_backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight
     return (out[0] if need_dx else None), (out[1] if need_dweight else None)
 
 
+def _add_forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, residual_dtype, h_dtype, device):
+    return launch_route.forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device, None, residual_dtype,
+                                         h_dtype)
+
+
+def _add_backward_launcher(m, n, h_dtype, w_dtype, offset, casting, device):
+    return launch_route.backward_launcher(m, n, h_dtype, w_dtype, offset, casting, device, None, True)
+
+
+def _launch_add_forward(x, residual, weight, eps, offset, casting, h_dtype):
+    key = (*custom_ops.rows(x), x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, residual.dtype, h_dtype)
+    launcher = _launcher(_add_forward_launcher, key, x)
+    if launcher is None:
+        return dlpack_route.add_forward(x, residual, weight, eps, offset, casting, h_dtype)
+    # y and h are made like residual when it has their dtype, else in x's shape; rstd in x's leading shape
+    return launcher(x, residual, *(() if weight is None else (weight,)), out=(x.shape, x.shape, x.shape[:-1]))
+
+
+def _launch_add_backward(dy, dh_out, h, weight, rstd, offset, casting, need_dweight):
+    key = (*custom_ops.rows(h), h.dtype, custom_ops.dtype_of(weight), offset, casting)
+    launcher = _launcher(_add_backward_launcher, key, h)
+    if launcher is None:
+        return dlpack_route.add_backward(dy, dh_out, h, weight, rstd, offset, casting, need_dweight)
+    out = launcher(h, *(() if weight is None else (weight,)), dy, dh_out, rstd)
+    return out[0], (out[1] if need_dweight and weight is not None else None)
+
+
 custom_ops.define("pallas", {
     "pallas_launch": custom_ops.Kernels(_launch_forward, _launch_backward, _launch_forward_y),
     "pallas_dlpack": custom_ops.Kernels(dlpack_route.forward, _dlpack_backward),
+})
+fused_ops.define("pallas", {
+    "pallas_launch": fused_ops.AddKernels(_launch_add_forward, _launch_add_backward),
+    "pallas_dlpack": fused_ops.AddKernels(dlpack_route.add_forward, dlpack_route.add_backward),
 })

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_bridge import custom_ops, eager, triton_kernels
+from torch_bridge import custom_ops, eager, fused_ops, triton_kernels
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -38,3 +38,19 @@ def _backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight):
 
 
 custom_ops.define("triton", {"triton": custom_ops.Kernels(_forward, _backward, _forward_y)})
+
+
+def _add_forward(x, residual, weight, eps, offset, casting, h_dtype):
+    if _use_triton(x):
+        return triton_kernels.rms_norm_fwd(x, weight, eps, offset, casting, residual=residual, h_dtype=h_dtype)
+    return eager.rms_norm_add_ref_forward(x, residual, weight, eps, offset=offset, casting=casting, h_dtype=h_dtype)
+
+
+def _add_backward(dy, dh_out, h, weight, rstd, offset, casting, need_dweight):
+    if _use_triton(h):
+        return triton_kernels.rms_norm_bwd(dy, h, weight, rstd, offset, casting, True, need_dweight, dh_out=dh_out)
+    dh, dweight = eager.rms_norm_ref_backward(dy, h, weight, offset=offset, casting=casting, rstd=rstd, dh_out=dh_out)
+    return dh, (dweight if need_dweight else None)
+
+
+fused_ops.define("triton", {"triton": fused_ops.AddKernels(_add_forward, _add_backward)})

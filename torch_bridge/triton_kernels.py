@@ -144,19 +144,34 @@ def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT: tl.constexp
 
 
 @triton.jit
-def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
+def _row(X, R, H, offs, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+         EMULATE_BF16: tl.constexpr):
+    """The row values normalised, in CT: x, or (the fused add) h = r(x + residual), stored to H with STORE_H."""
+    x = tl.load(X + offs, mask=mask, other=0.0).to(CT)
+    if HAS_RESIDUAL:
+        h = _to_dt(x + tl.load(R + offs, mask=mask, other=0.0).to(CT), DT, EMULATE_BF16)
+        if STORE_H:
+            tl.store(H + offs, h, mask=mask)
+        x = h.to(CT)
+    return x
+
+
+@triton.jit
+def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+                EMULATE_BF16: tl.constexpr):
     """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
     (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
-    again) making two passes over column chunks."""
+    again) making two passes over column chunks. HAS_RESIDUAL (the fused add): the row is h = r(x + residual)
+    (DT is h's dtype), stored to H; long rows add again in the second pass."""
     cols0 = tl.arange(0, BLOCK_N)
     if not CHUNKED:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         base = rows[:, None] * N
         mask = row_mask[:, None] & (cols0[None, :] < N)
-        x = tl.load(X + base + cols0[None, :], mask=mask, other=0.0).to(CT)
+        x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
         _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -169,14 +184,14 @@ def _fwd_kernel(X, W, Y, RSTD, M, N, n_f, eps, offset, G, ITERS,
             for start in range(0, N, BLOCK_N):
                 cols = start + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
-                x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, False, DT, CT, EMULATE_BF16)
                 acc += x * x
             rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
             n_chunks = tl.cdiv(N, BLOCK_N)
             for i in range(0, n_chunks):  # backwards: the row's tail is the part most likely still in L2
                 cols = (n_chunks - 1 - i) * BLOCK_N + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
-                x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(CT)
+                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
                 _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
             tl.store(RSTD + rows, rstd, mask=row_mask)
 
@@ -204,14 +219,15 @@ def _bwd_rowdot_kernel(X, W, DY, C, M, N, offset,
 
 
 @triton.jit
-def _bwd_kernel(X, W, DY, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
+def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, CASTING: tl.constexpr,
+                DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
     dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk].
     With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
+    HAS_DH (the fused add's backward, X being h): dx = r(dx_norm + dh_out), dh_out read from DH.
     """
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -234,7 +250,10 @@ def _bwd_kernel(X, W, DY, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 c = tl.sum(g * x, axis=1) / N
             else:
                 c = tl.load(C + rows, mask=row_mask, other=0.0)
-            tl.store(DX + offs, _to_dt(_dx(x, g, rstd, c), DT, EMULATE_BF16), mask=mask)
+            dx = _dx(x, g, rstd, c)
+            if HAS_DH:
+                dx += tl.load(DH + offs, mask=mask, other=0.0).to(CT)
+            tl.store(DX + offs, _to_dt(dx, DT, EMULATE_BF16), mask=mask)
         if NEED_DW:
             dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
     if NEED_DW:
@@ -273,32 +292,39 @@ def _common(x: torch.Tensor) -> dict:
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
-                 config: Config | None = None, rstd: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 config: Config | None = None, rstd: torch.Tensor | None = None, *,
+                 residual: torch.Tensor | None = None, h_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
     """Forward of a contiguous ``x`` (M >= 1 rows of N): ``(y`` like x, ``rstd`` of shape ``x.shape[:-1])``;
-    ``rstd`` is written into the buffer given (M elements of the compute dtype at least) instead, if one is."""
+    ``rstd`` is written into the buffer given (M elements of the compute dtype at least) instead, if one is.
+    With ``residual`` (the fused add, same shape): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and
+    ``y`` (``h_dtype`` too) its norm."""
     M, N = custom_ops.rows(x)
     cfg = config or triton_config.forward_config(N)
-    y = torch.empty_like(x)
+    fused = residual is not None
+    h = torch.empty_like(x, dtype=h_dtype) if fused else None
+    y = torch.empty_like(x, dtype=h_dtype if fused else None)
     if rstd is None:
-        rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(x))
-    key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device())
+        rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(y))
+    key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
+           custom_ops.dtype_of(residual), h_dtype)
     row_blocks = triton.cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * _sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
-                         (x, weight if weight is not None else x, y, rstd, M, N, float(N), eps, offset, g,
-                          triton.cdiv(row_blocks, g)),
+                         (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
+                          M, N, float(N), eps, offset, g, triton.cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
-                                      HAS_WEIGHT=weight is not None, CASTING=CASTING_CODES[casting],
-                                      num_warps=cfg.num_warps, **_common(x)), interpret=INTERPRET)
-    return y, rstd
+                                      HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting],
+                                      num_warps=cfg.num_warps, **_common(y)), interpret=INTERPRET)
+    return (y, h, rstd) if fused else (y, rstd)
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                 offset: float, casting: str, need_dx: bool, need_dweight: bool, config: Config | None = None
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 offset: float, casting: str, need_dx: bool, need_dweight: bool, config: Config | None = None, *,
+                 dh_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Backward of contiguous ``x``/``dy`` (M >= 1 rows): ``(dx`` or None, ``dweight`` or None).
 
-    dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials.
+    dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials. With
+    ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
     cfg = config or triton_config.backward_config(N)
@@ -308,7 +334,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     w_arg = weight if weight is not None else x
     chunked = cfg.chunked(N)
     c = rstd  # placeholder pointer when unused
-    key = (M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config, x.get_device())
+    has_dh = dh_out is not None and need_dx
+    key = (M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config, x.get_device(), has_dh)
     if chunked and need_dx:
         c = x.new_empty((M,), dtype=cdt)
         triton_launch.launch(("rowdot", *key), _bwd_rowdot_kernel, (M,), (x, w_arg, dy, c, M, N, offset),
@@ -320,10 +347,10 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
     partials = x.new_empty((g, N), dtype=cdt) if need_dweight else rstd
     triton_launch.launch(("bwd", need_dx, need_dweight, *key), _bwd_kernel, (g, n_chunks),
-                         (x, w_arg, dy, rstd, c, dx if need_dx else x, partials, M, N, g, triton.cdiv(row_blocks, g),
-                          offset),
+                         (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
+                          triton.cdiv(row_blocks, g), offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
-                                      HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
+                                      HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x)),
                          interpret=INTERPRET)
     if not need_dweight:
