@@ -18,6 +18,7 @@ import warnings
 import torch
 
 from pallas_norm import accuracy, registry
+from torch_bridge import hf_fused
 from torch_bridge.module import RMSNorm
 from torch_bridge.numpy_io import autograd_outputs, from_numpy, numpy_dtype, to_numpy
 
@@ -75,8 +76,9 @@ def _set(model: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
 
 
 def unpatch_hf_model(model: torch.nn.Module) -> list[str]:
-    """Put back every HF module ``patch_hf_model`` replaced (with the current ``weight`` Parameter); returns their
-    paths."""
+    """Put back every HF module ``patch_hf_model`` replaced (with the current ``weight`` Parameter) and every fused
+    decoder layer's own ``forward``; returns the replaced modules' paths."""
+    hf_fused.unfuse(model)
     restored = []
     for path, module in list(model.named_modules()):
         original = getattr(module, _ORIGINAL, None)
@@ -88,18 +90,23 @@ def unpatch_hf_model(model: torch.nn.Module) -> list[str]:
     return restored
 
 
-def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: bool = True) -> list[str]:
+def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: bool = True,
+                   fuse_residual: bool = False) -> list[str]:
     """Replace every known HF RMSNorm in ``model`` by ``torch_bridge.RMSNorm`` of the same mode; returns the
     replaced modules' paths.
 
     ``verify``: each replacement is first checked against the module it replaces on a random probe, forward and
     backward; on a mismatch nothing stays patched and a RuntimeError names the module and the error.
+    ``fuse_residual``: each decoder layer's residual add and the norm after it also become one
+    ``torch_bridge.rms_norm_add`` call (``torch_bridge.hf_fused``: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2,
+    Gemma3); layers of another shape stay unfused, with one warning per class.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     registry.torch_backend(backend)
-    if not isinstance(verify, bool):
-        raise TypeError(f"verify must be a bool, got {type(verify).__name__}")
+    for name, flag in (("verify", verify), ("fuse_residual", fuse_residual)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     patched, unknown = [], set()
     for path, module in list(model.named_modules()):
         cls = type(module)
@@ -118,4 +125,11 @@ def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: b
     for name in sorted(unknown):
         warnings.warn(f"patch_hf_model: left {name} unpatched (unknown RMSNorm class; its semantics are not "
                       "guessed)", UserWarning, stacklevel=2)
+    if fuse_residual:
+        unfused = {f"{type(m).__module__}.{type(m).__name__}" for m in model.modules()
+                   if type(m).__name__.endswith("DecoderLayer") and not hf_fused.fuse(m)}
+        for name in sorted(unfused):
+            warnings.warn(f"patch_hf_model: left {name} unfused (fuse_residual=True knows the Llama-style pre-norm and "
+                          "the Gemma2-style sandwich decoder layers as transformers writes them; this one differs)",
+                          UserWarning, stacklevel=2)
     return patched
