@@ -12,6 +12,7 @@ from flax import nnx
 
 from . import accuracy
 from .api import resolve_impl, rms_norm
+from .fused_add import rms_norm_add
 from .checks import DTYPES
 from .semantics import check_scalars
 
@@ -61,6 +62,16 @@ class RMSNorm(nnx.Module):
         if self.promote_dtype is not None:
             x, scale = self.promote_dtype((x, scale), dtype=self.dtype)
         return rms_norm(x, scale, eps=self.eps, offset=self.offset, casting=self.casting, impl=self.impl)
+
+    def add(self, x: jax.Array, residual: jax.Array, *, residual_dtype=None) -> tuple[jax.Array, jax.Array]:
+        """The fused residual add: ``(y, h)`` with ``h = r(x + residual)`` and ``y = self(h)``, one kernel per
+        direction (``pallas_norm.rms_norm_add``; ``promote_dtype`` is not applied: x's dtype rules)."""
+        if getattr(x, "shape", (None,))[-1:] != (self.num_features,):
+            raise ValueError(f"x's last axis must be num_features={self.num_features}, got shape "
+                             f"{tuple(getattr(x, 'shape', ()))}")
+        scale = None if self.scale is None else self.scale[...]
+        return rms_norm_add(x, residual, scale, eps=self.eps, offset=self.offset, casting=self.casting,
+                            residual_dtype=residual_dtype, impl=self.impl)
 
 
 def _replaceable(module: nnx.RMSNorm) -> str | None:

@@ -99,11 +99,12 @@ def test_checkpoint_check_catches_a_lost_weight_gradient(bf16_reference_grads):
 
 # --- Flax NNX decoder with Gemma2's four norms --------------------------------------------------------------------
 
-def train_gemma2(impl: str, offset: float = 1.0, steps: int = 2):
-    """Losses and final parameters of ``steps`` SGD steps (fixed seeds; norm scales perturbed around zero)."""
+def train_gemma2(impl: str, offset: float = 1.0, steps: int = 2, fused: bool = False):
+    """Losses and final parameters of ``steps`` SGD steps (fixed seeds; norm scales perturbed around zero);
+    ``fused``: each block's middle residual add and norm as one ``RMSNorm.add`` call."""
     rngs = nnx.Rngs(0)
     model = TinyDecoder(lambda d: pn.nnx.RMSNorm(d, offset=offset, casting="gemma", impl=impl, rngs=rngs), rngs,
-                        d=SIZE["d"], vocab=SIZE["vocab"])
+                        d=SIZE["d"], vocab=SIZE["vocab"], fused=fused)
     for i, (_, norm) in enumerate(nnx.iter_modules(model)):
         if isinstance(norm, pn.nnx.RMSNorm):
             norm.scale[...] = 0.1 * jax.random.normal(jax.random.key(100 + i), norm.scale.shape)
@@ -142,6 +143,10 @@ def gemma2_reference():
 
 def test_nnx_gemma2_block_trains_like_the_reference_norm(gemma2_reference):
     assert training_mismatches(train_gemma2(KERNEL), gemma2_reference) == []
+
+
+def test_nnx_gemma2_block_with_the_fused_residual_add_trains_like_the_reference_norm(gemma2_reference):
+    assert training_mismatches(train_gemma2(KERNEL, fused=True), gemma2_reference) == []
 
 
 def test_nnx_check_catches_the_gemma_offset_mixup(gemma2_reference):

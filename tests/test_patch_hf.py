@@ -117,3 +117,56 @@ def test_bad_arguments():
         torch_bridge.patch_hf_model("llama")
     with pytest.raises(ValueError, match="backend must be one of"):
         torch_bridge.patch_hf_model(tiny_model("llama"), backend="cuda")
+    with pytest.raises(TypeError, match="fuse_residual must be a bool"):
+        torch_bridge.patch_hf_model(tiny_model("llama"), fuse_residual="yes")
+
+
+def loss_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def grads_close(got: dict, want: dict) -> bool:
+    return all(rel_err(got[n], want[n]) <= RTOL for n in want)
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"phi3"}))
+def test_fuse_residual_matches_the_unpatched_model(family):
+    """Every decoder layer's residual add + next norm becomes one ``rms_norm_add`` call; logits and every gradient
+    match the unpatched HF model (float32; Gemma2/3's sandwich layers send the residual gradient to two norms).
+    Qwen3's and Gemma3's per-head q/k norms are patched too."""
+    reference, model = tiny_model(family, device=DEVICE), tiny_model(family, device=DEVICE)
+    ids = tokens(device=DEVICE)
+    logits, grads = loss_and_grads(reference, ids)
+    paths = torch_bridge.patch_hf_model(model, fuse_residual=True)
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    assert layers and all("forward" in vars(m) for m in layers)
+    if family in ("qwen3", "gemma3"):
+        assert {p.rsplit(".", 1)[-1] for p in paths} >= {"q_norm", "k_norm"}
+    got_logits, got = loss_and_grads(model, ids)
+    assert rel_err(got_logits, logits) <= RTOL and grads_close(got, grads)
+    torch_bridge.unpatch_hf_model(model)
+    assert not any("forward" in vars(m) for m in layers) and hf_norms(model).keys() == hf_norms(reference).keys()
+
+
+def test_fuse_residual_checks_catch_a_backward_that_drops_the_residual_gradient(monkeypatch):
+    """The broken variant: the fused backward ignores h's own gradient (dh = dx_norm), on Gemma2."""
+    from torch_bridge import fused_ops
+
+    reference, model = tiny_model("gemma2", device=DEVICE), tiny_model("gemma2", device=DEVICE)
+    ids = tokens(device=DEVICE)
+    _, grads = loss_and_grads(reference, ids)
+    torch_bridge.patch_hf_model(model, backend="triton", fuse_residual=True)
+    good = fused_ops._KERNELS["triton"]
+    monkeypatch.setitem(fused_ops._KERNELS, "triton", fused_ops.AddKernels(
+        good.forward, lambda dy, dh_out, *rest: good.backward(dy, torch.zeros_like(dh_out), *rest)))
+    assert not grads_close(loss_and_grads(model, ids)[1], grads)
+
+
+def test_fuse_residual_leaves_unknown_layers_unfused_with_a_warning():
+    model = tiny_model("phi3", device=DEVICE)
+    with pytest.warns(UserWarning, match=r"left transformers\.models\.phi3\.modeling_phi3\.Phi3DecoderLayer unfused"):
+        torch_bridge.patch_hf_model(model, fuse_residual=True)
+    assert not any("forward" in vars(m) for m in model.modules())
