@@ -5,13 +5,15 @@
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--out DIR]
+    python -m bench fused [--quick] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
 suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, small calls, the targets (table, CSV,
 PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
-and Gemma2 stacks, norms by provider. summary: the README's speed table from the committed results. Files are named
+and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
+against Liger's and the unfused add, and per-head (q/k) norms. summary: the README's speed table from the committed results. Files are named
 by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
 ``summary`` run anywhere.
 """
@@ -25,7 +27,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -81,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="bench/results")
     st = sub.add_parser("step")
     st.add_argument("--out", default="bench/results")
+    fu = sub.add_parser("fused")
+    fu.add_argument("--quick", action="store_true", help="one shape per table")
+    fu.add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -129,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = step.run()
         return _write(step, result, out / f"step_{timing.gpu_slug(result['env']['gpu'])}")
+    if args.command == "fused":
+        from bench import fused
+
+        result = fused.run(args.quick)
+        return _write(fused, result, out / f"fused_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "sweep":
         from bench import sweep
 

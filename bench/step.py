@@ -3,7 +3,8 @@
 Llama and Gemma2 causal LMs (random weights; 8 layers, hidden 2048, 16 heads, SDPA attention, vocab 32000, bf16)
 on 4 × 2048 tokens: the HF model as is (``hf``), its norms patched by ``torch_bridge.patch_hf_model`` with each torch
 backend, and with Liger's RMSNorm function (when ``liger_kernel`` is installed; ``in_place=False``, as Liger's own
-Gemma2 patch does, since Gemma2 feeds one gradient into two norms). Every provider gets its own copy of one model and
+Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+fused``: also
+``fuse_residual=True`` (each layer's residual add and the norm after it as one ``rms_norm_add``). Every provider gets its own copy of one model and
 the providers' steps take turns (``timing.per_call_interleaved``), so the ratios to ``hf`` are from the same moments.
 """
 
@@ -19,6 +20,7 @@ from torch_bridge import RMSNorm, patch_hf_model
 
 FAMILIES = ("llama", "gemma2")
 BACKENDS = ("pallas", "pallas_dlpack", "triton")
+FUSED = ("pallas+fused", "triton+fused")  # the backend's norms and each layer's residual add fused in
 SHAPE = dict(layers=8, hidden=2048, vocab=32000, batch=4, length=2048)
 
 
@@ -56,7 +58,8 @@ def models(family: str, providers: tuple[str, ...]) -> dict[str, torch.nn.Module
         if name == "liger":
             model = _with_liger(model)
         elif name != "hf":
-            patch_hf_model(model, backend=name, verify=False)
+            backend, _, fused = name.partition("+")
+            patch_hf_model(model, backend=backend, verify=False, fuse_residual=bool(fused))
         out[name] = model.train()
     return out
 
@@ -73,7 +76,7 @@ def _step(model: torch.nn.Module, ids: torch.Tensor):
 def run(repeats: int = 5) -> dict:
     import importlib.util
 
-    providers = ("hf", *BACKENDS) + (("liger",) if importlib.util.find_spec("liger_kernel") else ())
+    providers = ("hf", *BACKENDS, *FUSED) + (("liger",) if importlib.util.find_spec("liger_kernel") else ())
     ids = tokens(SHAPE["batch"], SHAPE["length"], SHAPE["vocab"], device="cuda")
     results = {}
     for family in FAMILIES:

@@ -23,12 +23,16 @@ FWD_ELEMS_PER_WARP = 1024
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
 FWD_CHUNKED = (16384, 32, 2, True)
-# Backward, resident rows, by padded row length: (elements per program, warps, programs per SM, prefetch,
-# reload_weight). Loading the next rows while the current ones reduce pays from 1024 to 8192 columns (32768×4096:
-# 2.58 TB/s against 2.44; 32768×8192: 2.84 against 2.34); at 16384 every variant spills, least with the weight
-# out of registers (32768×16384: 2.45 against 1.66; 4096×16384: 2.10 against 1.29).
-BWD_RESIDENT = {1024: (4096, 4, 2, True, False), 2048: (4096, 8, 2, True, False), 4096: (4096, 8, 2, True, False),
-                8192: (8192, 16, 1, True, False), 16384: (16384, 16, 1, False, True)}
+# Backward, resident rows, by padded row length (at most the key): (elements per program, warps, programs per SM,
+# prefetch, reload_weight). Loading the next rows while the current ones reduce pays from 512 to 8192 columns,
+# best with 8192 elements over 16 warps and one program per SM (2026-11-24 sweep, bench/results/
+# sweep_h100_bwd_2026-11-24.md: 32768×4096 2.71 TB/s against 2.58 for 4096 elements, 8 warps, 2 per SM; 32768×1024
+# 1.91 against 1.79; 32768×3584 2.62 against 2.49; the fused add's backward, which also reads dh_out, 2.82 against
+# 2.12 at 32768×4096). Short rows (per-head q/k norms, D ≤ 256): 16384 elements, no prefetch (2^21×128: 2.63 against
+# 2.49). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45 against 1.66).
+BWD_RESIDENT = {128: (16384, 16, 1, False, False), 256: (16384, 16, 1, False, False),
+                **dict.fromkeys((512, 1024, 2048, 4096, 8192), (8192, 16, 1, True, False)),
+                16384: (16384, 16, 1, False, True)}
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
@@ -100,7 +104,7 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
         warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
-    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 1024)]
+    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     return fit(Config(block_rows, n_pad, warps, programs=_grid(per_sm, 1, True), prefetch=prefetch,
                       reload_weight=reload_weight), m, n, backward=True)
