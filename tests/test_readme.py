@@ -19,6 +19,7 @@ import jax, jax.numpy as jnp
 x, weight = jnp.ones((4, 64), jnp.bfloat16) * jnp.arange(64), jnp.full((64,), 0.5)
 loss = lambda x, w: jnp.sum(pn.rms_norm(x, w).astype(jnp.float32) ** 2)
 import pallas_norm as pn
+residual = jnp.ones((4, 64), jnp.bfloat16)
 """,
     "Flax": """
 from pallas_norm_tools.tiny_lm import TinyDecoder
@@ -29,6 +30,7 @@ model = TinyDecoder(lambda d: flax_nnx.RMSNorm(d, rngs=_rngs), _rngs, d=64, laye
     "PyTorch": """
 import torch
 x, weight = torch.randn(4, 4096, requires_grad=True), torch.ones(4096, requires_grad=True)
+residual = torch.randn(4, 4096)
 """,
     "Hugging Face": """
 from pallas_norm_tools.tiny_models import tiny_model
