@@ -246,3 +246,15 @@ def test_module_and_torch_compile_fullgraph():
     compiled = torch.compile(module, fullgraph=True, backend="inductor" if HAS_CUDA else "aot_eager")
     for got, want in zip(step(compiled), step(module)):
         assert torch.equal(got, want)
+
+
+def test_custom_ops_pass_opcheck():
+    """Schemas, fakes and autograd registration of the fused ops (``torch.library.opcheck``)."""
+    a = fused_inputs((3, 40), "float32", "float32", 0.0, seed=8)
+    x, r, w, dy, dh_out = (from_numpy(a[k], DEVICE) for k in ("x", "residual", "weight", "dy", "dh_out"))
+    fwd = torch.ops.pallas_norm.triton_rms_norm_add_fwd.default
+    torch.library.opcheck(fwd, (x.requires_grad_(), r, w.requires_grad_(), 1e-6, 0.0, "llama", torch.float32,
+                                "triton"))
+    _, h, rstd = fwd(x.detach(), r, w.detach(), 1e-6, 0.0, "llama", torch.float32, "triton")
+    bwd = torch.ops.pallas_norm.triton_rms_norm_add_bwd.default
+    torch.library.opcheck(bwd, (dy, dh_out, h, w.detach(), rstd, 0.0, "llama", "triton", True))

@@ -89,10 +89,15 @@ def kernel_ready(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t.data_ptr() % 32 == 0 else t.clone()
 
 
+def lookup(table: dict, backend: str):
+    """``table[backend]``; ``ValueError`` listing the table's backends otherwise (the custom ops' check)."""
+    if backend not in table:
+        raise ValueError(f"backend must be one of {tuple(table)}, got {backend!r}")
+    return table[backend]
+
+
 def _kernels(backend: str) -> Kernels:
-    if backend not in _KERNELS:
-        raise ValueError(f"backend must be one of {tuple(_KERNELS)}, got {backend!r}")
-    return _KERNELS[backend]
+    return lookup(_KERNELS, backend)
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
@@ -155,8 +160,7 @@ def define(family: str, backends: dict[str, Kernels]) -> None:
     _FAMILY.update(dict.fromkeys(backends, family))
 
     def _check(backend: str) -> None:
-        if backend not in backends:
-            raise ValueError(f"backend must be one of {tuple(backends)}, got {backend!r}")
+        lookup(backends, backend)
 
     @torch.library.custom_op(f"pallas_norm::{family}_rms_norm_fwd", mutates_args=())
     def fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,

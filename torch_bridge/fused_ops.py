@@ -38,9 +38,7 @@ _FAMILY: dict[str, str] = {}
 
 
 def _kernels(backend: str) -> AddKernels:
-    if backend not in _KERNELS:
-        raise ValueError(f"backend must be one of {tuple(_KERNELS)}, got {backend!r}")
-    return _KERNELS[backend]
+    return custom_ops.lookup(_KERNELS, backend)
 
 
 def forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
@@ -115,8 +113,7 @@ def define(family: str, backends: dict[str, AddKernels]) -> None:
     _FAMILY.update(dict.fromkeys(backends, family))
 
     def _check(backend: str) -> None:
-        if backend not in backends:
-            raise ValueError(f"backend must be one of {tuple(backends)}, got {backend!r}")
+        custom_ops.lookup(backends, backend)
 
     @torch.library.custom_op(f"pallas_norm::{family}_rms_norm_add_fwd", mutates_args=())
     def fwd_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
