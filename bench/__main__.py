@@ -13,8 +13,8 @@ suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, sm
 PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
-against Liger's and the unfused add, and per-head (q/k) norms. summary: the README's speed table from the committed results. Files are named
-by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
+against Liger's and the unfused add, and per-head (q/k) norms. summary: the README's speed table from the committed
+results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
 ``summary`` run anywhere.
 """
 

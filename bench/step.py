@@ -4,8 +4,8 @@ Llama and Gemma2 causal LMs (random weights; 8 layers, hidden 2048, 16 heads, SD
 on 4 × 2048 tokens: the HF model as is (``hf``), its norms patched by ``torch_bridge.patch_hf_model`` with each torch
 backend, and with Liger's RMSNorm function (when ``liger_kernel`` is installed; ``in_place=False``, as Liger's own
 Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+fused``: also
-``fuse_residual=True`` (each layer's residual add and the norm after it as one ``rms_norm_add``). Every provider gets its own copy of one model and
-the providers' steps take turns (``timing.per_call_interleaved``), so the ratios to ``hf`` are from the same moments.
+``fuse_residual=True`` (each layer's residual add and the norm after it as one ``rms_norm_add``). Every provider gets
+its own copy of one model and the providers' steps take turns (``timing.per_call_interleaved``), so the ratios to ``hf`` are from the same moments.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """pallas-norm: RMSNorm written once in JAX Pallas (forward + backward), for JAX and PyTorch.
 
-``rms_norm`` is the differentiable entry point (``rms_norm_add`` the residual add fused with it); ``rms_norm_reference`` the plain ``jax.numpy`` formula;
-``pallas_norm.nnx.RMSNorm`` the Flax module (imported on first use). This package depends on JAX, NumPy and
+``rms_norm`` is the differentiable entry point (``rms_norm_add`` the residual add fused with it);
+``rms_norm_reference`` the plain ``jax.numpy`` formula; ``pallas_norm.nnx.RMSNorm`` the Flax module (imported on
+first use). This package depends on JAX, NumPy and
 Flax only: the PyTorch side (``torch_bridge``) and the cross-stack tools (``pallas_norm_tools``) build on it.
 """
 

@@ -12,5 +12,5 @@ from torch_bridge.hf import patch_hf_model, unpatch_hf_model
 from torch_bridge.module import FusedAddRMSNorm, RMSNorm
 from torch_bridge.ops import BACKENDS, rms_norm, rms_norm_add
 
-__all__ = ["BACKENDS", "FusedAddRMSNorm", "RMSNorm", "patch_hf_model", "rms_norm", "rms_norm_add", "rms_norm_ref", "rms_norm_ref_backward",
-           "rms_norm_ref_forward", "unpatch_hf_model"]
+__all__ = ["BACKENDS", "FusedAddRMSNorm", "RMSNorm", "patch_hf_model", "rms_norm", "rms_norm_add", "rms_norm_ref",
+           "rms_norm_ref_backward", "rms_norm_ref_forward", "unpatch_hf_model"]

@@ -350,7 +350,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
                           triton.cdiv(row_blocks, g), offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
-                                      HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
+                                      HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
+                                      HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x)),
                          interpret=INTERPRET)
     if not need_dweight:
