@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backend, kernels, pallas_config, registry, sharding, xla
+from . import backend, kernels, mosaic, pallas_config, registry, sharding, xla
 from .checks import check_inputs
+from .mosaic_config import MosaicConfig
 from .pallas_config import Config
 
 IMPLS: tuple[str, ...] = registry.JAX_IMPLS
@@ -23,17 +24,30 @@ def resolve_impl(impl: object) -> str:
     if impl == "pallas" and not backend.on_gpu():
         raise ValueError("impl='pallas' needs a GPU (JAX's default backend is "
                          f"{jax.default_backend()!r}); use impl='interpret' to run the kernel on CPU")
+    if impl == "mosaic" and not backend.mosaic_capable():
+        raise ValueError("impl='mosaic' needs an NVIDIA GPU of compute capability >= 9.0 (Hopper or newer; JAX's "
+                         f"default device is {jax.devices()[0].device_kind!r}); use impl='pallas' there, or "
+                         "impl='mosaic_interpret' to run the Mosaic kernels on CPU")
     return impl
 
 
+def _is_mosaic(impl: str) -> bool:
+    return impl in registry.KERNEL_FORMS["mosaic"]
+
+
 def check_configs(impl: str, **configs: object) -> None:
-    """``config``/``bwd_config`` must be ``pallas_config.Config`` or None, and only for the Pallas kernels."""
+    """``config``/``bwd_config`` tile the kernels: ``pallas_config.Config`` for ``pallas``/``interpret``,
+    ``mosaic_config.MosaicConfig`` for ``mosaic``/``mosaic_interpret``, None for any."""
     for name, config in configs.items():
-        if config is not None and not isinstance(config, Config):
-            raise TypeError(f"{name} must be a pallas_norm.pallas_config.Config or None, got {type(config).__name__}")
-        if config is not None and impl == "xla":
+        if config is None:
+            continue
+        if impl == "xla":
             raise ValueError(f"{name} tiles the Pallas kernels; impl='xla' takes none (got {config}; impl=None is "
                              "'xla' where JAX sees no GPU: pass impl='interpret' to tile the interpreted kernels)")
+        want = MosaicConfig if _is_mosaic(impl) else Config
+        if not isinstance(config, want):
+            raise TypeError(f"{name} must be a pallas_norm.{want.__module__.split('.')[-1]}.{want.__name__} or None "
+                            f"for impl={impl!r}, got {type(config).__name__}")
 
 
 def rms_norm(
@@ -58,9 +72,11 @@ def rms_norm(
       every product in ``x.dtype``.
 
     ``weight=None`` means no scale (``offset`` must then be 0). ``impl``: ``None`` (the Pallas kernel on GPU,
-    the XLA path elsewhere), ``"pallas"``, ``"xla"``, or ``"interpret"`` (the Pallas kernel run by Pallas's
-    interpreter, on any backend). ``config``/``bwd_config`` force the Pallas kernels' tiling for the forward and
-    the backward (``pallas_norm.pallas_config.Config``; None: the heuristic). Differentiable (custom VJP: ``dx``
+    the XLA path elsewhere), ``"pallas"``, ``"xla"``, ``"interpret"`` (the Pallas kernel run by Pallas's
+    interpreter, on any backend), ``"mosaic"`` (the Mosaic GPU kernels: Hopper GPUs; rows up to 65536 columns in
+    the backward) or ``"mosaic_interpret"`` (those run by Mosaic GPU's interpreter). ``config``/``bwd_config``
+    force the kernels' tiling for the forward and the backward (``pallas_norm.pallas_config.Config``, or
+    ``pallas_norm.mosaic_config.MosaicConfig`` for the Mosaic kernels; None: the heuristic). Differentiable (custom VJP: ``dx``
     and float32-accumulated, deterministic ``dweight``), and works under ``jit``, ``vmap`` and
     ``jax.checkpoint``. The cotangent is never written.
 
@@ -112,6 +128,7 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None, h_dtype=None):
+    """One forward launch on 2-D ``x2`` by ``impl`` (the XLA path, the Pallas kernels or the Mosaic kernels)."""
     m, n = x2.shape
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
@@ -119,6 +136,9 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if m == 0:  # the kernels see at least one row
         rows = (jnp.zeros((0, n), h_dtype or x2.dtype),) * (1 + bool(fused))
         return *rows, jnp.zeros((0,), jnp.float32)
+    if _is_mosaic(impl):
+        return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
+                              interpret=impl == "mosaic_interpret", **fused)
     return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting,
                            config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret",
                            **fused)
@@ -130,6 +150,9 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out
         return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out)
     if m == 0:
         return jnp.zeros((0, n), x2.dtype), None if weight is None else jnp.zeros((n,), weight.dtype)
+    if _is_mosaic(impl):
+        return mosaic.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
+                               interpret=impl == "mosaic_interpret")
     return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out,
                             config=pallas_config.fit(config, m, n, backward=True), interpret=impl == "interpret")
 

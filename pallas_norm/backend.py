@@ -1,8 +1,9 @@
-"""Everything specific to the Pallas GPU lowering in use: Pallas's Triton backend.
+"""Everything specific to the Pallas GPU lowerings: Pallas's Triton backend and Mosaic GPU.
 
 Kernels in ``kernels.py`` touch memory only through ``load``/``store`` below and get launch settings from
-``compiler_params``; a Mosaic GPU lowering would replace this module. Pallas's Triton module is imported on
-first use, so ``impl="xla"`` never loads it.
+``compiler_params``. The Mosaic GPU kernels (``mosaic_kernels.py``) get their module, compiler parameters and
+interpreter from ``mosaic``/``mosaic_params``/``mosaic_interpret``. Both are imported on first use, so
+``impl="xla"`` never loads either.
 """
 
 from __future__ import annotations
@@ -56,3 +57,43 @@ def num_sms() -> int:
 def on_gpu() -> bool:
     """Whether JAX's default backend is a GPU (where ``impl=None`` picks the Pallas kernel)."""
     return jax.default_backend() == "gpu"
+
+
+MOSAIC_MIN_JAX = (0, 11)  # plgpu.kernel, the GPU interpreter (InterpretGPUParams), cluster_ref
+
+
+@functools.cache
+def mosaic():
+    """``jax.experimental.pallas.mosaic_gpu`` (``plgpu``), version-guarded."""
+    if tuple(jax.__version_info__[:2]) < MOSAIC_MIN_JAX:
+        raise RuntimeError(f"impl='mosaic' needs jax >= {'.'.join(map(str, MOSAIC_MIN_JAX))} (Mosaic GPU's "
+                           f"plgpu.kernel and interpreter), got jax {jax.__version__}")
+    from jax.experimental.pallas import mosaic_gpu
+
+    return mosaic_gpu
+
+
+def mosaic_params(*, interpret: bool):
+    """Compiler parameters of the Mosaic kernels (lane-level lowering: layouts are the kernels' own); compiled
+    kernels also get the rounding primitive's lowering."""
+    plgpu = mosaic()
+    if not interpret:
+        compat.register_round_to_mosaic_lowering()
+    return plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane)
+
+
+def mosaic_interpret(interpret: bool):
+    """The ``interpret=`` argument of ``plgpu.kernel``: Mosaic GPU's interpreter (any backend) or None."""
+    return mosaic().InterpretGPUParams() if interpret else None
+
+
+def mosaic_capable() -> bool:
+    """Whether JAX's default device can run Mosaic GPU kernels (an NVIDIA GPU of compute capability >= 9.0)."""
+    device = jax.devices()[0]
+    cc = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or not cc:
+        return False
+    try:
+        return int(str(cc).split(".")[0]) >= 9
+    except ValueError:
+        return False

@@ -1,7 +1,8 @@
 """The one place that touches JAX's private modules (``jax._src``): lazily, on first use, and version-guarded.
 
 Nothing here runs at import time. ``impl="xla"`` (JAX) and ``backend="triton"`` (torch) never call into it;
-the Pallas kernels need :func:`register_round_to_lowering`, the DLPack route may use :func:`dlpack_importer`
+the Pallas kernels need :func:`register_round_to_lowering` (Mosaic GPU:
+:func:`register_round_to_mosaic_lowering`), the DLPack route may use :func:`dlpack_importer`
 (an optional fast path), the launch route needs :func:`mlir`. When a JAX release moves one of these, the error
 names the JAX version and the version range this code was written against, instead of an ``AttributeError``
 deep inside a call.
@@ -62,6 +63,28 @@ def register_round_to_lowering() -> None:
         cc = ctx.context.compute_capability
         narrow = cast(v, aval.dtype, dtype, compute_capability=cc)
         return cast(narrow, dtype, aval.dtype, compute_capability=cc)
+
+
+@functools.cache
+def register_round_to_mosaic_lowering() -> None:
+    """Lower ``rounding.round_to_p`` inside Mosaic GPU kernels as a convert round trip (``cvt.rn``, subnormals
+    kept), as for the Triton kernels. Idempotent."""
+    from .rounding import round_to_p
+
+    def load():
+        from jax._src.pallas.mosaic_gpu import lowering
+        from jax.experimental.mosaic.gpu import utils
+
+        return lowering.register_lowering_rule, lowering._ensure_fa, utils.dtype_to_ir_type
+
+    register, ensure_fa, ir_type = _private("the Mosaic GPU lowering registry (jax._src.pallas.mosaic_gpu.lowering)",
+                                            load)
+    from jax.experimental.mosaic.gpu import LoweringSemantics
+
+    @register(round_to_p, LoweringSemantics.Lane)
+    def _rule(ctx, v, *, dtype):
+        [aval] = ctx.avals_in
+        return ensure_fa(v, aval.dtype).astype(ir_type(dtype)).astype(ir_type(aval.dtype))
 
 
 @functools.cache

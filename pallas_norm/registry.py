@@ -10,6 +10,8 @@ name               stack  what runs
 ``pallas``         jax    the Pallas kernels, compiled (GPU)
 ``interpret``      jax    the Pallas kernels run by Pallas's interpreter (any backend; CPU tests)
 ``xla``            jax    the same row math as plain ``jax.numpy`` compiled by XLA
+``mosaic``         jax    the Mosaic GPU kernels (rows staged in shared memory by TMA), compiled (Hopper GPUs)
+``mosaic_interpret`` jax  the Mosaic GPU kernels run by Mosaic GPU's interpreter (any backend; CPU tests)
 ``pallas_launch``  torch  the binaries XLA compiled for ``pallas`` (JAX's bits), launched on torch's stream
 ``pallas_dlpack``  torch  the JAX functions of ``pallas``/``interpret`` on torch tensors through DLPack: JAX's bits
 ``triton``         torch  the Triton reference kernel (also float64)
@@ -41,6 +43,8 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
     Implementation("pallas", "jax", "Pallas in JAX", cuda_only=True),
     Implementation("interpret", "jax", "Pallas in JAX (interpreter)"),
     Implementation("xla", "jax", "XLA in JAX"),
+    Implementation("mosaic", "jax", "Mosaic GPU in JAX", cuda_only=True),
+    Implementation("mosaic_interpret", "jax", "Mosaic GPU in JAX (interpreter)"),
     Implementation("pallas_launch", "torch", "Pallas binaries launched by torch", cuda_only=True,
                    same_bits_as="pallas"),
     Implementation("pallas_dlpack", "torch", "Pallas via DLPack", same_bits_as="pallas"),
@@ -74,6 +78,10 @@ def resolve_torch(backend: str, cuda: bool) -> str:
     """The implementation name that runs for ``backend`` (an alias or a name) on CUDA tensors or others."""
     choices = TORCH_ALIASES.get(backend)
     return backend if choices is None else choices[0 if cuda else 1]
+
+
+KERNEL_FORMS: dict[str, tuple[str, str]] = {"pallas": ("pallas", "interpret"), "mosaic": ("mosaic", "mosaic_interpret")}
+"""Each JAX kernel family's (compiled, interpreted) implementation names."""
 
 
 def label(name: str) -> str:

@@ -1,0 +1,130 @@
+"""``impl="mosaic"``: the launchers of the Mosaic GPU kernels (``mosaic_kernels``) on 2-D inputs.
+
+``forward``/``backward`` take and return what ``kernels.forward``/``kernels.backward`` do, so the custom VJP,
+``vmap`` and sharding rules of ``api`` serve both lowerings. Rows are padded with zeros to a multiple of 128
+columns when they are not one already (an extra copy; ``impl=None`` does not pick Mosaic for such shapes);
+the padding changes no value: zeros add nothing to the sums and are cut from the results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import backend, mosaic_config
+from .mosaic_config import MosaicConfig, Plan
+from .mosaic_kernels import _bwd_kernel, _fwd_kernel
+
+F32 = jnp.float32
+
+
+def _pad_cols(a, n_pad: int):
+    return a if a is None or a.shape[-1] == n_pad else jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n_pad - a.shape[-1])])
+
+
+def _itemsize(*dtypes) -> list[int]:
+    return [jnp.dtype(d).itemsize for d in dtypes if d is not None]
+
+
+def _kernel(body, plan: Plan, out_type, scratch, name: str, interpret: bool):
+    plgpu = backend.mosaic()
+    cluster = dict(cluster=(plan.cluster,), cluster_names=("c",)) if plan.cluster > 1 else {}
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(plan.programs,), grid_names=("p",),
+                        compiler_params=backend.mosaic_params(interpret=interpret),
+                        interpret=backend.mosaic_interpret(interpret), kernel_name=name, **cluster)
+
+
+def _sync_scratch(plan: Plan, copies: int):
+    plgpu = backend.mosaic()
+    out = [plgpu.Barrier(num_arrivals=copies, num_barriers=plan.stages)]
+    return out
+
+
+def _cluster_scratch(plan: Plan):
+    plgpu = backend.mosaic()
+    if plan.cluster == 1:
+        return [], []
+    return ([plgpu.SMEM((2, plan.block_rows, plan.cluster), F32)],
+            [plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2)])
+
+
+def forward(x, weight, *, eps: float, offset: float, casting: str, config: MosaicConfig | None, interpret: bool,
+            residual=None, h_dtype=None):
+    """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)`` (``rstd`` float32 ``(m,)``); with ``residual`` (the
+    fused add) ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and ``y`` the norm of ``h``."""
+    plgpu = backend.mosaic()
+    m, n = x.shape
+    fused = residual is not None
+    hdt = jnp.dtype(h_dtype if fused else x.dtype)
+    split_h = fused and jnp.dtype(residual.dtype) != hdt
+    split_y = jnp.dtype(x.dtype) != hdt
+    row_dtypes = [x.dtype] + ([residual.dtype] if fused else []) + [hdt] * (split_h + split_y)
+    plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
+                             weight_bytes=0 if weight is None else weight.dtype.itemsize,
+                             widest=max(_itemsize(*row_dtypes)), backward=False)
+    rows = (plan.stages, plan.block_rows, plan.width)
+    scratch = [plgpu.SMEM(rows, d) for d in row_dtypes]
+    if weight is not None and plan.weight_in_smem:
+        scratch.append(plgpu.SMEM((plan.width,), weight.dtype))
+    part, cbar = _cluster_scratch(plan)
+    scratch += [plgpu.SMEM((plan.rstd_cap,), F32), *part]
+    scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * (1 + fused))
+    if weight is not None and plan.weight_in_smem:
+        scratch.append(plgpu.Barrier(num_arrivals=1))
+    scratch += cbar
+    out_rows = jax.ShapeDtypeStruct((m, plan.n_pad), hdt)
+    out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((plan.programs, plan.rstd_cap), F32))
+    body = functools.partial(_fwd_kernel, plan=plan, eps=eps, offset=offset, casting=casting,
+                             has_weight=weight is not None, fused=fused, split_h=split_h, split_y=split_y)
+    args = [_pad_cols(a, plan.n_pad) for a in (x, residual, weight) if a is not None]
+    outs = _kernel(body, plan, out_type, tuple(scratch), "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd",
+                   interpret)(*args)
+    *row_outs, rstd = outs
+    rstd = rstd[:, : plan.per * plan.block_rows].reshape(-1)[:m]
+    return (*(o[:, :n] if plan.n_pad != n else o for o in row_outs), rstd)
+
+
+def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: MosaicConfig | None, interpret: bool,
+             need_dx: bool = True, need_dw: bool = True, dh_out=None):
+    """``(dx, dweight)`` for 2-D ``x``/``dy`` (``None`` for what is not needed); ``dy`` is only read. With
+    ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``."""
+    plgpu = backend.mosaic()
+    m, n = x.shape
+    need_dw = need_dw and weight is not None
+    if not (need_dx or need_dw):
+        return None, None
+    fused = dh_out is not None and need_dx
+    row_dtypes = [x.dtype, dy.dtype] + ([dh_out.dtype] if fused else [])
+    plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
+                             weight_bytes=0 if weight is None else weight.dtype.itemsize,
+                             widest=max(_itemsize(*row_dtypes)), backward=True)
+    rows = (plan.stages, plan.block_rows, plan.width)
+    scratch = [plgpu.SMEM(rows, d) for d in row_dtypes]
+    if weight is not None and plan.weight_in_smem:
+        scratch.append(plgpu.SMEM((plan.width,), weight.dtype))
+    part, cbar = _cluster_scratch(plan)
+    scratch += [plgpu.SMEM((plan.rstd_cap,), F32), *part]
+    scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * len(row_dtypes))
+    scratch.append(plgpu.Barrier(num_arrivals=1 + (weight is not None and plan.weight_in_smem)))
+    scratch += cbar
+    out_type = []
+    if need_dx:
+        out_type.append(jax.ShapeDtypeStruct((m, plan.n_pad), x.dtype))
+    if need_dw:
+        out_type.append(jax.ShapeDtypeStruct((plan.programs, plan.n_pad), F32))
+    # rstd in the kernel's layout: cluster p's rows in row p, padded to rstd_cap slots
+    rows_per = plan.per * plan.block_rows
+    rin = jnp.pad(rstd.astype(F32), (0, plan.programs * rows_per - m)).reshape(plan.programs, rows_per)
+    rin = jnp.pad(rin, ((0, 0), (0, plan.rstd_cap - rows_per)))
+    body = functools.partial(_bwd_kernel, plan=plan, offset=offset, casting=casting, has_weight=weight is not None,
+                             need_dx=need_dx, need_dw=need_dw, fused=fused)
+    args = [_pad_cols(a, plan.n_pad) for a in (x, weight, dy, dh_out if fused else None) if a is not None]
+    outs = list(_kernel(body, plan, tuple(out_type), tuple(scratch),
+                        "mosaic_norm_add_bwd" if fused else "mosaic_norm_bwd", interpret)(*args, rin))
+    dx = outs.pop(0) if need_dx else None
+    if dx is not None and plan.n_pad != n:
+        dx = dx[:, :n]
+    dweight = jnp.sum(outs.pop(0), axis=0)[:n].astype(weight.dtype) if need_dw else None
+    return dx, dweight

@@ -1,0 +1,149 @@
+"""Tiling of the Mosaic GPU kernels (``impl="mosaic"``): a frozen ``MosaicConfig`` per launch, its fitting to
+a shape (shared memory, cluster, persistent grid) and the heuristic that picks one.
+
+The Mosaic kernels stage whole rows in shared memory (TMA bulk copies), so ``x`` is read from memory once per
+pass however long the row: a row longer than one SM's shared memory is split over a cluster of ``cluster`` CTAs
+(each holds ``N / cluster`` columns; the sum of squares is exchanged through distributed shared memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import backend
+from .pallas_config import cdiv, next_pow2
+
+SMEM_BYTES = 227 * 1024  # usable shared memory per CTA (and per SM) on Hopper
+SMEM_RESERVED = 4 * 1024  # barriers, the reduction scratch, the exchanged partial sums
+MAX_CLUSTER = 8  # portable cluster size
+THREADS = 128  # one warpgroup per CTA
+DW_REGS = 64  # float32 dweight accumulators per thread at most (the backward holds its columns' partials)
+ALIGN = 128  # rows are padded to a multiple of this many elements (each CTA's share a multiple of it)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    """One Mosaic kernel launch.
+
+    ``block_rows`` rows per TMA block (each staged whole, or its ``1/cluster`` share); ``stages`` blocks in
+    shared memory at once (``stages - 1`` loads in flight while one block computes); ``cluster`` CTAs sharing
+    each row (1, 2, 4, 8; None: the fewest that fit); ``programs_per_sm`` co-resident CTAs per SM (the persistent
+    grid is ``programs_per_sm × SMs / cluster`` clusters, each taking a contiguous range of row blocks);
+    ``weight_in_smem``: the weight (slice) is staged in shared memory once per CTA, else read from global memory
+    (L2) per row.
+    """
+
+    block_rows: int = 1
+    stages: int = 2
+    cluster: int | None = None
+    programs_per_sm: int = 1
+    weight_in_smem: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "stages", "programs_per_sm"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.cluster is not None and self.cluster not in (1, 2, 4, MAX_CLUSTER):
+            raise ValueError(f"cluster must be None or one of (1, 2, 4, 8), got {self.cluster!r}")
+        if not isinstance(self.weight_in_smem, bool):
+            raise ValueError(f"weight_in_smem must be a bool, got {self.weight_in_smem!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A config fitted to one ``(m, n)`` launch: the padded row ``n_pad``, each CTA's columns ``width``, the grid
+    of ``programs`` clusters of ``cluster`` CTAs, ``per`` row blocks per cluster, ``vec`` elements per thread
+    access (16 bytes of the widest staged dtype), and ``rstd_cap`` rstd slots per cluster (a multiple of 32)."""
+
+    m: int
+    n: int
+    n_pad: int
+    width: int
+    cluster: int
+    block_rows: int
+    stages: int
+    programs: int
+    per: int
+    vec: int
+    rstd_cap: int
+    weight_in_smem: bool
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """``(offset, size)`` of the register chunks walking a CTA's ``width`` columns: chunks of
+        ``128·vec`` elements, then halving tails down to 128 (one element per thread)."""
+        full = THREADS * self.vec
+        out = [(k * full, full) for k in range(self.width // full)]
+        off, rem = len(out) * full, self.width % full
+        size = full // 2
+        while rem:
+            if rem >= size:
+                out.append((off, size))
+                off, rem = off + size, rem - size
+            size //= 2
+        return out
+
+
+def smem_bytes(plan: Plan, row_bytes: int, weight_bytes: int) -> int:
+    """Shared memory of one CTA: ``stages`` blocks of the staged rows, the weight slice, the rstd slots."""
+    staged = plan.stages * plan.block_rows * plan.width * row_bytes
+    weight = plan.width * weight_bytes if plan.weight_in_smem else 0
+    return staged + weight + plan.rstd_cap * 4 + SMEM_RESERVED
+
+
+def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_bytes: int, widest: int,
+        backward: bool) -> Plan:
+    """The launch plan of ``config`` (the heuristic's when None) for ``(m, n)``. ``row_bytes``: bytes per column
+    of every row buffer staged (x; residual, h, y when they differ; dy, dh_out in the backward); ``widest`` the
+    largest itemsize among them. Stages, then block rows, then co-resident CTAs are lowered until a CTA fits
+    in shared memory; ``ValueError`` when even one row's share (with the largest cluster) does not."""
+    config = config or heuristic(m, n, backward=backward)
+    vec = max(1, 16 // widest)
+    n_pad = cdiv(n, ALIGN) * ALIGN
+    clusters = (config.cluster,) if config.cluster else (1, 2, 4, MAX_CLUSTER)
+    for cluster in clusters:
+        if n_pad % (cluster * ALIGN):
+            continue
+        width = n_pad // cluster
+        if backward and width > DW_REGS * THREADS:
+            continue
+        rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
+        while True:
+            plan = _plan(m, n, n_pad, width, cluster, rows, stages, config.programs_per_sm, vec, weight_smem)
+            used = smem_bytes(plan, row_bytes, weight_bytes)
+            if used <= SMEM_BYTES:
+                per_sm = max(1, min(config.programs_per_sm, SMEM_BYTES // used))
+                return _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem)
+            if stages > 2:
+                stages -= 1
+            elif rows > 1:
+                rows //= 2
+            elif weight_smem:
+                weight_smem = False
+            elif stages > 1:
+                stages = 1
+            else:
+                break
+    limit = "65536 columns (bfloat16/float16) in the backward" if backward else "the shared memory of 8 SMs"
+    raise ValueError(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
+                     f"whole rows; the limit is {limit}); use impl='pallas' for this shape")
+
+
+def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -> Plan:
+    blocks = cdiv(max(m, 1), rows)
+    programs = max(1, min(per_sm * backend.num_sms() // cluster, blocks))
+    per = cdiv(blocks, programs)
+    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, cdiv(per * rows, 32) * 32,
+                weight_smem)
+
+
+def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
+    """The default config for ``(m, n)``: short rows in blocks of several rows, long rows one row per block,
+    split over a cluster once a row's share would crowd out the pipeline's stages."""
+    n_pad = next_pow2(n)
+    if n_pad <= 4096:
+        return MosaicConfig(block_rows=max(1, 4096 // n_pad), stages=3, programs_per_sm=2)
+    if n_pad <= 16384:
+        return MosaicConfig(block_rows=1, stages=3, programs_per_sm=2 if n_pad <= 8192 else 1)
+    return MosaicConfig(block_rows=1, stages=2, cluster=min(MAX_CLUSTER, n_pad // 16384) if not backward else None,
+                        programs_per_sm=1)

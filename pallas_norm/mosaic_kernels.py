@@ -1,0 +1,317 @@
+"""The Mosaic GPU RMSNorm kernels (``impl="mosaic"``): forward, backward, and their fused residual-add forms.
+
+Each CTA is one warpgroup on a persistent grid of ``plan.programs`` clusters; a cluster takes a contiguous range
+of row blocks. A block (``plan.block_rows`` rows, or each CTA's ``1/cluster`` share of them) is staged in shared
+memory by TMA bulk copies, ``plan.stages`` blocks deep, so global memory is read exactly once per pass: the sum
+of squares (forward) or ``Σ g·x`` (backward) walks the staged row, and the second walk writes the result in
+place, from where a TMA store writes it back. In a cluster each CTA reduces its share and the partial sums are
+exchanged through distributed shared memory (the same fixed order in every CTA, hence the same ``rstd``).
+Row math comes from ``rowmath``; registers hold one chunk of ``128·vec`` elements per thread at a time
+(``WG_STRIDED`` layout: every thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype).
+The backward keeps each CTA's float32 ``dweight`` partial in registers (its columns' share of every row it
+walks); the partials are summed by XLA in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import backend, rowmath
+from .mosaic_config import Plan
+from .rounding import rounder
+
+F32 = jnp.float32
+
+
+def _layout(size: int):
+    plgpu = backend.mosaic()
+    return plgpu.Layout.WG_STRIDED((size,), vec_size=max(1, size // 128))
+
+
+def _scalar_sum(parts):
+    """Σ of per-chunk partial vectors: chunks of one size are added elementwise first (in chunk order), then
+    each size's vector is reduced, larger sizes first (a fixed order)."""
+    by_size: dict[int, jnp.ndarray] = {}
+    for v in parts:
+        by_size[v.shape[0]] = v if v.shape[0] not in by_size else by_size[v.shape[0]] + v
+    total = None
+    for size in sorted(by_size, reverse=True):
+        s = jnp.sum(by_size[size])
+        total = s if total is None else total + s
+    return total
+
+
+class _Staging:
+    """TMA traffic of one CTA: block ``t`` of its range into stage ``t % stages`` and back out."""
+
+    def __init__(self, plan: Plan, pid, col0):
+        self.plan, self.pid, self.col0 = plan, pid, col0
+        self.first = pid * plan.per
+        blocks = -(-max(plan.m, 1) // plan.block_rows)
+        self.count = jnp.clip(blocks - self.first, 0, plan.per)
+
+    def row0(self, t):
+        return (self.first + t) * self.plan.block_rows
+
+    def rows_valid(self, t):
+        return jnp.minimum(self.plan.block_rows, self.plan.m - self.row0(t))
+
+    def _pairs(self, gmem, smem, t):
+        """(gmem slice, smem slice) pairs moving block ``t``: one contiguous copy of whole rows, or a row's share
+        per copy in a cluster."""
+        pl = _pl()
+        p, s = self.plan, t % self.plan.stages
+        if p.cluster == 1:
+            return [(gmem.at[pl.ds(self.row0(t), p.block_rows)], smem.at[s])]
+        return [(gmem.at[pl.ds(self.row0(t) + r, 1), pl.ds(self.col0, p.width)], smem.at[s, pl.ds(r, 1)])
+                for r in range(p.block_rows)]
+
+    def copies_per_block(self, buffers: int) -> int:
+        return buffers * (1 if self.plan.cluster == 1 else self.plan.block_rows)
+
+    def load(self, t, pairs, bars):
+        plgpu = backend.mosaic()
+        for gmem, smem in pairs:
+            for g, s in self._pairs(gmem, smem, t):
+                plgpu.copy_gmem_to_smem(g, s, bars.at[t % self.plan.stages], oob_mode=plgpu.OOBFillMode.UNDEFINED)
+
+    def store(self, t, pairs):
+        plgpu = backend.mosaic()
+        moves = [m for smem, gmem in pairs for m in self._pairs(gmem, smem, t)]
+        for i, (g, s) in enumerate(moves):
+            plgpu.copy_smem_to_gmem(s, g, commit_group=i == len(moves) - 1)
+
+    def pipeline(self, loads, bars, step, carry):
+        """``carry = step(t, s, carry)`` for each block ``t`` of this CTA, loads ``stages - 1`` blocks ahead
+        (``step`` issues the block's stores; a stage is reloaded once the store reading it is done)."""
+        plgpu, pl = backend.mosaic(), _pl()
+        stages = self.plan.stages
+        ahead = max(stages - 1, 1)
+        for j in range(ahead):
+            @pl.when(j < self.count)
+            def _():
+                self.load(j, loads, bars)
+
+        def body(t, c):
+            s = t % stages
+            plgpu.barrier_wait(bars.at[s])
+            c = step(t, s, c)
+            plgpu.wait_smem_to_gmem(1 if stages > 1 else 0, wait_read_only=True)
+
+            @pl.when(t + ahead < self.count)
+            def _():
+                self.load(t + ahead, loads, bars)
+            return c
+
+        return lax.fori_loop(0, self.count, body, carry)
+
+
+@functools.cache
+def _pl():
+    from jax.experimental import pallas as pl
+
+    return pl
+
+
+def _cluster_sum(plan: Plan, part_s, cbar, parity, rows: int, partials_of):
+    """Exchange per-row partial sums in the cluster: each CTA writes its own slot, all wait, each reads every
+    CTA's slot in cluster order. ``partials_of(r)`` stores CTA-local partials (already in ``part_s``)."""
+    plgpu = backend.mosaic()
+    plgpu.barrier_arrive(cbar.at[parity])
+    plgpu.barrier_wait(cbar.at[parity])
+    out = []
+    for r in range(rows):
+        tot = plgpu.cluster_ref(part_s, {"c": 0})[parity, r, 0]
+        for q in range(1, plan.cluster):
+            tot = tot + plgpu.cluster_ref(part_s, {"c": q})[parity, r, q]
+        out.append(tot)
+    return out
+
+
+def _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
+    """``w_eff`` of one chunk (float32), from the staged slice or global memory (None without a weight)."""
+    if w_g is None:
+        return None
+    pl, plgpu = _pl(), backend.mosaic()
+    src = w_s.at[pl.ds(off, size)] if w_s is not None else w_g.at[pl.ds(col0 + off, size)]
+    w32 = plgpu.load(src, layout=_layout(size)).astype(F32)
+    return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))
+
+
+def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, split_h, split_y):
+    """Forward: ``y`` (and the fused add's ``h``) and ``rstd``. Refs: ``x, [residual], [weight]``, outputs
+    ``y, [h], rstd (programs, rstd_cap)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], r_s, [part_s], bars,
+    [wbar], [cbar]``. ``h`` is written over the residual's staging buffer (``split_h``: its own buffer, when
+    the dtypes differ) and ``y`` over x's (``split_y`` likewise)."""
+    pl, plgpu = _pl(), backend.mosaic()
+    it = iter(refs)
+    x_g = next(it)
+    res_g = next(it) if fused else None
+    w_g = next(it) if has_weight else None
+    y_g, h_g, rstd_g = next(it), (next(it) if fused else None), next(it)
+    x_s = next(it)
+    res_s = next(it) if fused else None
+    h_s = (next(it) if split_h else res_s) if fused else x_s
+    y_s = next(it) if split_y else x_s
+    w_s = next(it) if has_weight and plan.weight_in_smem else None
+    r_s = next(it)
+    part_s = next(it) if plan.cluster > 1 else None
+    bars = next(it)
+    wbar = next(it) if w_s is not None else None
+    cbar = next(it) if plan.cluster > 1 else None
+    dt = y_g.dtype
+    pid = lax.axis_index("p")
+    j = lax.axis_index("c") if plan.cluster > 1 else 0
+    col0 = j * plan.width
+    st = _Staging(plan, pid, col0)
+    chunks = plan.chunks()
+    if w_s is not None:
+        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, wbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
+        plgpu.barrier_wait(wbar)
+
+    def row_values(s, r, off, size):
+        """The row values normalised (float32): x, or ``h = r_h(x + residual)`` (also stored to ``h_s``)."""
+        x32 = plgpu.load(x_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+        if not fused:
+            return x32
+        res32 = plgpu.load(res_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+        h32 = rowmath.residual_add(x32, res32, rounder(dt))
+        h_s[s, r, pl.ds(off, size)] = h32.astype(dt)
+        return h32
+
+    def sumsq(s, r):
+        return _scalar_sum([_sq(row_values(s, r, off, size)) for off, size in chunks])
+
+    def normalise(s, r, rstd):
+        for off, size in chunks:
+            h32 = plgpu.load(h_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32) if fused else \
+                plgpu.load(x_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+            n_val = rowmath.normalized(h32, rstd, casting, rounder(dt))
+            w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
+            y_s[s, r, pl.ds(off, size)] = rowmath.output(n_val, w_eff).astype(dt)
+
+    def rstd_of(total):
+        return rowmath.rstd_from_sumsq(total, F32(plan.n), F32(eps), lax.rsqrt)
+
+    def step(t, s, c):
+        valid = st.rows_valid(t)
+        if plan.cluster == 1:
+            @pl.loop(0, valid)
+            def _(r):
+                rstd = rstd_of(sumsq(s, r))
+                normalise(s, r, rstd)
+                r_s[t * plan.block_rows + r] = rstd
+        else:
+            parity = t % 2
+            for r in range(plan.block_rows):
+                part_s[parity, r, j] = sumsq(s, r)
+            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows, None)
+            for r in range(plan.block_rows):
+                rstd = rstd_of(totals[r])
+
+                @pl.when(r < valid)
+                def _():
+                    normalise(s, r, rstd)
+                    r_s[t * plan.block_rows + r] = rstd
+        plgpu.commit_smem()
+        st.store(t, [(y_s, y_g)] + ([(h_s, h_g)] if fused else []))
+        return c
+
+    loads = [(x_g, x_s)] + ([(res_g, res_s)] if fused else [])
+    st.pipeline(loads, bars, step, 0)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(r_s, rstd_g.at[pid], predicate=j == 0 if plan.cluster > 1 else None)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _sq(v):
+    return v * v
+
+
+def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw, fused):
+    """Backward: ``dx`` (fused: ``dh = r(dx_norm + dh_out)``) and each cluster's float32 ``dweight`` partial.
+    Refs: ``x, [weight], dy, [dh_out], rstd (programs, rstd_cap)``, outputs ``[dx], [dweight partials
+    (programs, n_pad)]``, scratch ``x_s, dy_s, [dh_s], [w_s], r_s, [part_s], bars, rbar, [cbar]``. ``dx`` is
+    written over the staged copy of ``dy`` (the caller's ``dy`` is only read)."""
+    pl, plgpu = _pl(), backend.mosaic()
+    it = iter(refs)
+    x_g = next(it)
+    w_g = next(it) if has_weight else None
+    dy_g = next(it)
+    dh_g = next(it) if fused else None
+    rin_g = next(it)
+    dx_g = next(it) if need_dx else None
+    dwp_g = next(it) if need_dw else None
+    x_s, dy_s = next(it), next(it)
+    dh_s = next(it) if fused else None
+    w_s = next(it) if has_weight and plan.weight_in_smem else None
+    r_s = next(it)
+    part_s = next(it) if plan.cluster > 1 else None
+    bars, rbar = next(it), next(it)
+    cbar = next(it) if plan.cluster > 1 else None
+    dt = dy_g.dtype
+    pid = lax.axis_index("p")
+    j = lax.axis_index("c") if plan.cluster > 1 else 0
+    col0 = j * plan.width
+    st = _Staging(plan, pid, col0)
+    chunks = plan.chunks()
+    plgpu.copy_gmem_to_smem(rin_g.at[pid], r_s, rbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
+    if w_s is not None:
+        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, rbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
+    plgpu.barrier_wait(rbar)
+
+    def load(ref, s, r, off, size):
+        return plgpu.load(ref.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+
+    def grad_scale(s, r, off, size):
+        w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
+        dy32 = load(dy_s, s, r, off, size)
+        return dy32, w_eff, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
+
+    def sum_gx(s, r):
+        return _scalar_sum([grad_scale(s, r, off, size)[2] * load(x_s, s, r, off, size) for off, size in chunks])
+
+    def row_grads(s, r, rstd, total, dw):
+        dw = list(dw)
+        for i, (off, size) in enumerate(chunks):
+            x32 = load(x_s, s, r, off, size)
+            dy32, _, g = grad_scale(s, r, off, size)
+            if need_dw:
+                n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
+                dw[i] = dw[i] + rowmath.dweight_terms(dy32, n_val)
+            if need_dx:
+                dx = rowmath.grad_input(x32, g, rstd, total, F32(plan.n))
+                if fused:
+                    dx = rowmath.grad_residual(dx, load(dh_s, s, r, off, size))
+                dy_s[s, r, pl.ds(off, size)] = dx.astype(dt)
+        return tuple(dw)
+
+    def step(t, s, dw):
+        valid = st.rows_valid(t)
+        base = t * plan.block_rows
+        if plan.cluster == 1:
+            dw = lax.fori_loop(0, valid, lambda r, acc: row_grads(s, r, r_s[base + r], sum_gx(s, r), acc), dw)
+        else:
+            parity = t % 2
+            for r in range(plan.block_rows):
+                part_s[parity, r, j] = sum_gx(s, r)
+            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows, None)
+            for r in range(plan.block_rows):
+                dw = lax.cond(r < valid, lambda acc: row_grads(s, r, r_s[base + r], totals[r], acc),
+                              lambda acc: acc, dw)
+        if need_dx:
+            plgpu.commit_smem()
+            st.store(t, [(dy_s, dx_g)])
+        return dw
+
+    zeros = tuple(plgpu.layout_cast(jnp.zeros((size,), F32), _layout(size)) for _, size in chunks)
+    loads = [(x_g, x_s), (dy_g, dy_s)] + ([(dh_g, dh_s)] if fused and need_dx else [])
+    dw = st.pipeline(loads, bars, step, zeros)
+    if need_dw:
+        for (off, size), acc in zip(chunks, dw):
+            dwp_g[pid, pl.ds(col0 + off, size)] = acc
+    plgpu.wait_smem_to_gmem(0)
