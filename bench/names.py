@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pallas_norm import registry
 
-OURS = ("pallas", "pallas_launch", "pallas_dlpack", "triton")
+JAX_OURS = ("pallas", "mosaic")  # our JAX kernels (timed through JAX)
+TORCH_OURS = ("pallas_launch", "pallas_dlpack", "triton")  # our torch backends (timed through torch)
+OURS = JAX_OURS + TORCH_OURS
 PEER_LABELS = {"torch_native": "torch F.rms_norm", "hf_eager": "HF formula, eager",
                "hf_compile": "HF formula, torch.compile", "xla_formula": "XLA (jit of jnp formula)",
                "liger": "Liger", "tokamax": "tokamax"}

@@ -19,7 +19,7 @@ import torch
 
 import pallas_norm
 import torch_bridge
-from bench.names import JAX_PEERS, OURS, label
+from bench.names import JAX_OURS, JAX_PEERS, TORCH_OURS, label
 from bench.timing import EPS, hf_formula
 from torch_bridge import dlpack_route, jax_device
 
@@ -74,9 +74,11 @@ def _bridge(backend: str) -> Callable:
     return build
 
 
-def _pallas_jax(x, w, dy, offset, casting):
-    return jax_modes(lambda a, b: pallas_norm.rms_norm(a, b, eps=EPS, offset=offset, casting=casting, impl="pallas"),
-                     x, w, dy)
+def _jax_kernel(impl: str) -> Callable:
+    def build(x, w, dy, offset, casting):
+        return jax_modes(lambda a, b: pallas_norm.rms_norm(a, b, eps=EPS, offset=offset, casting=casting, impl=impl),
+                         x, w, dy)
+    return build
 
 
 def _xla_formula(x, w, dy, offset, casting):
@@ -118,8 +120,10 @@ def _tokamax(x, w, dy, offset, casting):
 
 
 def providers(only: tuple[str, ...] | None = None) -> list[Provider]:
-    """Ours first (``OURS``), then the peers that import here; ``only`` keeps those names."""
-    builds = {"pallas": _pallas_jax, **{b: _bridge(b) for b in OURS[1:]}, "torch_native": _torch_native,
+    """Ours first (``OURS``; ``mosaic`` on Hopper GPUs), then the peers that import here; ``only`` keeps those
+    names."""
+    ours = [i for i in JAX_OURS if i != "mosaic" or pallas_norm.backend.mosaic_capable()]
+    builds = {**{i: _jax_kernel(i) for i in ours}, **{b: _bridge(b) for b in TORCH_OURS}, "torch_native": _torch_native,
               "hf_eager": _hf_eager, "hf_compile": _hf_compiled, "xla_formula": _xla_formula}
     if importlib.util.find_spec("liger_kernel") is not None:
         builds["liger"] = _liger
@@ -131,4 +135,4 @@ def providers(only: tuple[str, ...] | None = None) -> list[Provider]:
             raise ValueError(f"--providers: unknown or not importable here: {sorted(unknown)}; choose from "
                              f"{list(builds)}")
         builds = {n: b for n, b in builds.items() if n in only}
-    return [Provider(n, label(n), "jax" if n == "pallas" or n in JAX_PEERS else "torch", b) for n, b in builds.items()]
+    return [Provider(n, label(n), "jax" if n in JAX_OURS + JAX_PEERS else "torch", b) for n, b in builds.items()]

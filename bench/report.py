@@ -9,7 +9,7 @@ import csv
 import io
 import pathlib
 
-from bench.names import OURS, label
+from bench.names import OURS, TORCH_OURS, label
 
 # Fractions of the same run's copy bandwidth that Pallas in JAX must reach.
 TARGETS = (("fwd", lambda n: n <= 16384, 0.95, "N ≤ 16384"), ("bwd", lambda n: n <= 16384, 0.90, "N ≤ 16384"),
@@ -120,7 +120,7 @@ def targets(result: dict) -> list[str]:
         lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(behind)}/{len(shapes)}"
                      f"{': ' + '; '.join(behind[:4]) + ('…' if len(behind) > 4 else '') if behind else ''} | "
                      f"{'✗' if behind else '✓'} |")
-    for p in OURS[1:]:
+    for p in TORCH_OURS:
         ratios = [r["us"] / t["us"] for r in rows if r.get("small") and r["provider"] == p and "us" in r
                   for t in [idx.get(("torch_native", r["mode"], r["m"], r["n"], True))] if t and "us" in t]
         if ratios:

@@ -35,6 +35,11 @@ def _is_mosaic(impl: str) -> bool:
     return impl in registry.KERNEL_FORMS["mosaic"]
 
 
+def _local_only(impl: str) -> bool:
+    """Mosaic GPU's interpreter runs on host callbacks that cannot be partitioned: its calls stay unsharded."""
+    return impl == "mosaic_interpret"
+
+
 def check_configs(impl: str, **configs: object) -> None:
     """``config``/``bwd_config`` tile the kernels: ``pallas_config.Config`` for ``pallas``/``interpret``,
     ``mosaic_config.MosaicConfig`` for ``mosaic``/``mosaic_interpret``, None for any."""
@@ -113,14 +118,16 @@ def _rms_norm(x, weight, eps, offset, casting, impl, config, bwd_config):
 
 def _rms_norm_fwd(x, weight, eps, offset, casting, impl, config, bwd_config):
     has_weight = weight is not None
-    y, rstd = sharding.forward(forward_fn(eps, offset, casting, impl, config), has_weight)(x, *_opt(weight))
+    fwd = sharding.forward(forward_fn(eps, offset, casting, impl, config), has_weight, local_only=_local_only(impl))
+    y, rstd = fwd(x, *_opt(weight))
     return y, (x, weight, rstd)
 
 
 def _rms_norm_bwd(eps, offset, casting, impl, config, bwd_config, residuals, dy):
     x, weight, rstd = residuals
     has_weight = weight is not None
-    bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight, bwd_config), has_weight)
+    bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight, bwd_config), has_weight,
+                            local_only=_local_only(impl))
     return bwd(x, *_opt(weight), dy, rstd)
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from . import sharding
-from .api import _opt, backward_fn, check_configs, forward_fn, resolve_impl
+from .api import _local_only, _opt, backward_fn, check_configs, forward_fn, resolve_impl
 from .checks import DTYPES, check_array, check_inputs
 from .pallas_config import Config
 
@@ -72,7 +72,8 @@ def _rms_norm_add(x, residual, weight, eps, offset, casting, h_dtype, impl, conf
 
 
 def _fwd(x, residual, weight, eps, offset, casting, h_dtype, impl, config, bwd_config):
-    fwd = sharding.forward(forward_fn(eps, offset, casting, impl, config, h_dtype), weight is not None, fused=True)
+    fwd = sharding.forward(forward_fn(eps, offset, casting, impl, config, h_dtype), weight is not None, fused=True,
+                           local_only=_local_only(impl))
     y, h, rstd = fwd(x, residual, *_opt(weight))
     # zero-size arrays carry x's and residual's dtypes to the backward (their cotangents' dtypes)
     return (y, h), (h, weight, rstd, jnp.zeros((0,), x.dtype), jnp.zeros((0,), residual.dtype))
@@ -83,7 +84,7 @@ def _bwd(eps, offset, casting, h_dtype, impl, config, bwd_config, residuals, cot
     dy, dh_out = cotangents
     has_weight = weight is not None
     bwd = sharding.backward(backward_fn(offset, casting, impl, has_weight, bwd_config, fused=True), has_weight,
-                            fused=True)
+                            fused=True, local_only=_local_only(impl))
     dh, dweight = bwd(h, *_opt(weight), dy, dh_out, rstd)
     return dh.astype(x_tag.dtype), dh.astype(r_tag.dtype), dweight
 

@@ -50,38 +50,49 @@ def _cluster_scratch(plan: Plan):
             [plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2)])
 
 
-def forward(x, weight, *, eps: float, offset: float, casting: str, config: MosaicConfig | None, interpret: bool,
-            residual=None, h_dtype=None):
-    """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)`` (``rstd`` float32 ``(m,)``); with ``residual`` (the
-    fused add) ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and ``y`` the norm of ``h``."""
+def forward_kernel(m: int, n: int, x_dtype, weight_dtype, *, eps: float, offset: float, casting: str,
+                   config: MosaicConfig | None, interpret: bool, residual_dtype=None, h_dtype=None):
+    """``(kernel, plan)``: the forward's Mosaic kernel for ``(m, n)`` rows, called on the rows padded to
+    ``plan.n_pad`` columns (``x, [residual], [weight]``), returning ``y, [h]`` (padded) and ``rstd`` in the
+    kernel's layout (``plan.programs × plan.rstd_cap``, cluster ``p``'s rows in row ``p``). The one function
+    both stacks launch (``forward`` here; a torch route may launch the same module)."""
     plgpu = backend.mosaic()
-    m, n = x.shape
-    fused = residual is not None
-    hdt = jnp.dtype(h_dtype if fused else x.dtype)
-    split_h = fused and jnp.dtype(residual.dtype) != hdt
-    split_y = jnp.dtype(x.dtype) != hdt
-    row_dtypes = [x.dtype] + ([residual.dtype] if fused else []) + [hdt] * (split_h + split_y)
+    fused = residual_dtype is not None
+    hdt = jnp.dtype(h_dtype if fused else x_dtype)
+    split_h = fused and jnp.dtype(residual_dtype) != hdt
+    split_y = jnp.dtype(x_dtype) != hdt
+    row_dtypes = [x_dtype] + ([residual_dtype] if fused else []) + [hdt] * (split_h + split_y)
     plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
-                             weight_bytes=0 if weight is None else weight.dtype.itemsize,
-                             widest=max(_itemsize(*row_dtypes)), backward=False)
-    rows = (plan.stages, plan.block_rows, plan.width)
-    scratch = [plgpu.SMEM(rows, d) for d in row_dtypes]
-    if weight is not None and plan.weight_in_smem:
-        scratch.append(plgpu.SMEM((plan.width,), weight.dtype))
+                             weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
+                             widest=max(_itemsize(*row_dtypes)), backward=False, interpret=interpret)
+    has_weight = weight_dtype is not None
+    scratch = [plgpu.SMEM((plan.stages, plan.block_rows, plan.width), d) for d in row_dtypes]
+    if has_weight and plan.weight_in_smem:
+        scratch.append(plgpu.SMEM((plan.width,), weight_dtype))
     part, cbar = _cluster_scratch(plan)
     scratch += [plgpu.SMEM((plan.rstd_cap,), F32), *part]
     scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * (1 + fused))
-    if weight is not None and plan.weight_in_smem:
+    if has_weight and plan.weight_in_smem:
         scratch.append(plgpu.Barrier(num_arrivals=1))
     scratch += cbar
     out_rows = jax.ShapeDtypeStruct((m, plan.n_pad), hdt)
     out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((plan.programs, plan.rstd_cap), F32))
     body = functools.partial(_fwd_kernel, plan=plan, eps=eps, offset=offset, casting=casting,
-                             has_weight=weight is not None, fused=fused, split_h=split_h, split_y=split_y)
+                             has_weight=has_weight, fused=fused, split_h=split_h, split_y=split_y)
+    name = "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd"
+    return _kernel(body, plan, out_type, tuple(scratch), name, interpret), plan
+
+
+def forward(x, weight, *, eps: float, offset: float, casting: str, config: MosaicConfig | None, interpret: bool,
+            residual=None, h_dtype=None):
+    """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)`` (``rstd`` float32 ``(m,)``); with ``residual`` (the
+    fused add) ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and ``y`` the norm of ``h``."""
+    m, n = x.shape
+    kernel, plan = forward_kernel(m, n, x.dtype, None if weight is None else weight.dtype, eps=eps, offset=offset,
+                                  casting=casting, config=config, interpret=interpret,
+                                  residual_dtype=None if residual is None else residual.dtype, h_dtype=h_dtype)
     args = [_pad_cols(a, plan.n_pad) for a in (x, residual, weight) if a is not None]
-    outs = _kernel(body, plan, out_type, tuple(scratch), "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd",
-                   interpret)(*args)
-    *row_outs, rstd = outs
+    *row_outs, rstd = kernel(*args)
     rstd = rstd[:, : plan.per * plan.block_rows].reshape(-1)[:m]
     return (*(o[:, :n] if plan.n_pad != n else o for o in row_outs), rstd)
 
@@ -99,7 +110,7 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Mosaic
     row_dtypes = [x.dtype, dy.dtype] + ([dh_out.dtype] if fused else [])
     plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
                              weight_bytes=0 if weight is None else weight.dtype.itemsize,
-                             widest=max(_itemsize(*row_dtypes)), backward=True)
+                             widest=max(_itemsize(*row_dtypes)), backward=True, interpret=interpret)
     rows = (plan.stages, plan.block_rows, plan.width)
     scratch = [plgpu.SMEM(rows, d) for d in row_dtypes]
     if weight is not None and plan.weight_in_smem:

@@ -21,6 +21,10 @@ DW_REGS = 64  # float32 dweight accumulators per thread at most (the backward ho
 ALIGN = 128  # rows are padded to a multiple of this many elements (each CTA's share a multiple of it)
 
 
+class Unsupported(ValueError):
+    """A shape the Mosaic kernels cannot stage (a backward row beyond 65536 columns of 16-bit data)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
     """One Mosaic kernel launch.
@@ -92,20 +96,20 @@ def smem_bytes(plan: Plan, row_bytes: int, weight_bytes: int) -> int:
 
 
 def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_bytes: int, widest: int,
-        backward: bool) -> Plan:
+        backward: bool, interpret: bool = False) -> Plan:
     """The launch plan of ``config`` (the heuristic's when None) for ``(m, n)``. ``row_bytes``: bytes per column
     of every row buffer staged (x; residual, h, y when they differ; dy, dh_out in the backward); ``widest`` the
-    largest itemsize among them. Stages, then block rows, then co-resident CTAs are lowered until a CTA fits
-    in shared memory; ``ValueError`` when even one row's share (with the largest cluster) does not."""
+    largest itemsize among them. Rows are padded to a multiple of ``128·cluster`` columns. Stages, then block
+    rows, then co-resident CTAs are lowered until a CTA fits in shared memory; :class:`Unsupported` when even
+    one row's share (with the largest cluster) does not. ``interpret``: Mosaic GPU's interpreter, which runs no
+    clusters and has no register file (one CTA per row, any width)."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
-    n_pad = cdiv(n, ALIGN) * ALIGN
-    clusters = (config.cluster,) if config.cluster else (1, 2, 4, MAX_CLUSTER)
+    clusters = (1,) if interpret else (config.cluster,) if config.cluster else (1, 2, 4, MAX_CLUSTER)
     for cluster in clusters:
-        if n_pad % (cluster * ALIGN):
-            continue
+        n_pad = cdiv(n, cluster * ALIGN) * cluster * ALIGN
         width = n_pad // cluster
-        if backward and width > DW_REGS * THREADS:
+        if backward and width > DW_REGS * THREADS and not interpret:
             continue
         rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
         while True:
@@ -125,7 +129,7 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
             else:
                 break
     limit = "65536 columns (bfloat16/float16) in the backward" if backward else "the shared memory of 8 SMs"
-    raise ValueError(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
+    raise Unsupported(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
                      f"whole rows; the limit is {limit}); use impl='pallas' for this shape")
 
 

@@ -117,10 +117,14 @@ def _pl():
     return pl
 
 
-def _cluster_sum(plan: Plan, part_s, cbar, parity, rows: int, partials_of):
-    """Exchange per-row partial sums in the cluster: each CTA writes its own slot, all wait, each reads every
-    CTA's slot in cluster order. ``partials_of(r)`` stores CTA-local partials (already in ``part_s``)."""
+def _cluster_sum(plan: Plan, part_s, cbar, parity, rows: int):
+    """Exchange per-row partial sums in the cluster: each CTA has written its own slot ``part_s[parity, r, j]``;
+    all arrive and wait, then each reads every CTA's slot in cluster order (the same sum everywhere). The
+    warpgroup barrier first orders the slot's store before the arrival (another thread of the warpgroup signals
+    the peers' barriers). A slot is rewritten two blocks later, after every CTA has passed the next block's
+    barrier, hence after every read of it."""
     plgpu = backend.mosaic()
+    plgpu.commit_smem()
     plgpu.barrier_arrive(cbar.at[parity])
     plgpu.barrier_wait(cbar.at[parity])
     out = []
@@ -209,7 +213,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
             parity = t % 2
             for r in range(plan.block_rows):
                 part_s[parity, r, j] = sumsq(s, r)
-            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows, None)
+            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows)
             for r in range(plan.block_rows):
                 rstd = rstd_of(totals[r])
 
@@ -299,7 +303,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
             parity = t % 2
             for r in range(plan.block_rows):
                 part_s[parity, r, j] = sum_gx(s, r)
-            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows, None)
+            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows)
             for r in range(plan.block_rows):
                 dw = lax.cond(r < valid, lambda acc: row_grads(s, r, r_s[base + r], totals[r], acc),
                               lambda acc: acc, dw)

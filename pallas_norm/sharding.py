@@ -120,9 +120,10 @@ def _rule(operands: list[str], results: str, has_weight: bool, weight_at: int = 
 
 
 @functools.lru_cache(maxsize=None)
-def forward(fwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable:
+def forward(fwd_2d: Callable, has_weight: bool, fused: bool = False, local_only: bool = False) -> Callable:
     """``f(x, *weight) -> (y, rstd)`` on N-D ``x`` (``rstd``: shape ``x.shape[:-1]``) from a 2-D ``fwd_2d``;
-    ``fused``: ``f(x, residual, *weight) -> (y, h, rstd)`` (the fused add)."""
+    ``fused``: ``f(x, residual, *weight) -> (y, h, rstd)`` (the fused add). ``local_only``: never partitioned
+    (Mosaic GPU's interpreter, whose ordered host callbacks ``custom_partitioning`` cannot carry)."""
     k = 1 + fused  # row operands, and row results besides rstd
 
     def local(*args):
@@ -149,7 +150,7 @@ def forward(fwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable
         return f(*args), (True,) * (k + 1)  # the vmap axis is one more row axis
 
     def call(*args):
-        if not partitioned():
+        if local_only or not partitioned():
             return local(*args)
         x = args[0]
         rows = explicit_rows(x)
@@ -163,9 +164,10 @@ def forward(fwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable
 
 
 @functools.lru_cache(maxsize=None)
-def backward(bwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callable:
+def backward(bwd_2d: Callable, has_weight: bool, fused: bool = False, local_only: bool = False) -> Callable:
     """``f(x, *weight, dy, rstd) -> (dx, dweight)`` on N-D ``x``/``dy`` from a 2-D ``bwd_2d``; ``dweight`` is
-    ``None`` without a weight. ``fused``: ``f(h, *weight, dy, dh_out, rstd)`` (the fused add's backward)."""
+    ``None`` without a weight. ``fused``: ``f(h, *weight, dy, dh_out, rstd)`` (the fused add's backward);
+    ``local_only`` as for :func:`forward`."""
     k = 1 + fused  # row cotangents (dy[, dh_out])
 
     def local(x, *rest):
@@ -203,7 +205,7 @@ def backward(bwd_2d: Callable, has_weight: bool, fused: bool = False) -> Callabl
         return (f(*args)[0], None), (True, None)
 
     def call(x, *rest):
-        if not partitioned():
+        if local_only or not partitioned():
             return _sum_dweight(local(x, *rest), rest[:has_weight])
         rows = explicit_rows(x)
         if rows is None:

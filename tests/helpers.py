@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import pallas_norm
-from pallas_norm import accuracy
+from pallas_norm import accuracy, backend
 from pallas_norm_tools import parity
 from torch_bridge import rms_norm
 from torch_bridge.numpy_io import autograd_outputs, from_numpy, numpy_dtype, to_numpy
@@ -20,6 +20,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run 
 HAS_CUDA = DEVICE == "cuda"
 ON_GPU = jax.default_backend() == "gpu"
 KERNEL = "pallas" if ON_GPU else "interpret"  # the Pallas kernel in JAX: compiled, or interpreted on CPU
+ON_HOPPER = ON_GPU and backend.mosaic_capable()
+MOSAIC = "mosaic" if ON_HOPPER else "mosaic_interpret"  # the Mosaic GPU kernels: compiled on Hopper, else interpreted
 TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 JAX_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 

@@ -22,12 +22,12 @@ from pallas_norm import accuracy
 from pallas_norm.pallas_config import Config
 from torch_bridge.numpy_io import from_numpy, to_numpy
 
-from helpers import DEVICE, HAS_CUDA, KERNEL, bits
+from helpers import DEVICE, HAS_CUDA, KERNEL, MOSAIC, bits
 
 F32 = np.float32
 gpu = pytest.mark.gpu
 # (stack, implementation): the JAX impl names, and the torch backends ("pallas" is the default alias)
-IMPLS = [("jax", KERNEL), ("jax", "xla"), ("torch", "triton"), ("torch", "pallas"),
+IMPLS = [("jax", KERNEL), ("jax", MOSAIC), ("jax", "xla"), ("torch", "triton"), ("torch", "pallas"),
          pytest.param(("torch", "pallas_dlpack"), marks=gpu)]
 # (dtype, residual dtype = h's dtype, casting, offset)
 CASES = [("bfloat16", "bfloat16", "llama", 0.0), ("bfloat16", "float32", "gemma", 1.0),

@@ -10,7 +10,7 @@ import torch
 import pallas_norm as pn
 import torch_bridge
 from bench import names as bench_names
-from pallas_norm import registry
+from pallas_norm import backend, registry
 from pallas_norm_tools import cli, parity
 
 from helpers import KERNEL, assert_same_bits, torch_inputs, torch_results
@@ -19,8 +19,9 @@ from helpers import KERNEL, assert_same_bits, torch_inputs, torch_results
 def test_every_reader_takes_its_names_from_the_registry():
     assert pn.IMPLS == registry.JAX_IMPLS and torch_bridge.BACKENDS == registry.TORCH_BACKENDS
     assert len(registry.BY_NAME) == len(registry.IMPLEMENTATIONS)  # names are unique
-    assert set(parity.implementations("cpu")) == {"interpret", "xla", "pallas_dlpack", "triton"}
-    assert set(parity.implementations("cuda")) == {"pallas", "xla", "pallas_launch", "pallas_dlpack", "triton"}
+    assert set(parity.implementations("cpu")) == {"interpret", "mosaic_interpret", "xla", "pallas_dlpack", "triton"}
+    mosaic = {"mosaic"} if backend.mosaic_capable() else set()
+    assert set(parity.implementations("cuda")) == {"pallas", "xla", "pallas_launch", "pallas_dlpack", "triton"} | mosaic
     assert set(bench_names.OURS) <= set(registry.BY_NAME) and not set(bench_names.PEER_LABELS) & set(registry.BY_NAME)
     train = next(a for a in cli.parser()._subparsers._group_actions[0].choices["train"]._actions
                  if a.dest == "backend")
@@ -28,7 +29,8 @@ def test_every_reader_takes_its_names_from_the_registry():
 
 
 def test_names_are_refused_by_the_other_stack():
-    with pytest.raises(ValueError, match=r"impl must be None or one of \('pallas', 'interpret', 'xla'\)"):
+    with pytest.raises(ValueError, match=r"impl must be None or one of \('pallas', 'interpret', 'xla', 'mosaic', "
+                                         r"'mosaic_interpret'\)"):
         pn.rms_norm(jnp.ones((2, 8)), impl="pallas_dlpack")
     with pytest.raises(ValueError, match=r"backend must be one of \('pallas', 'pallas_launch', 'pallas_dlpack', "
                                          r"'triton'\), got 'interpret'"):
