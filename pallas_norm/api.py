@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backend, kernels, mosaic, pallas_config, registry, sharding, xla
+from . import auto, backend, kernels, mosaic, pallas_config, registry, sharding, xla
 from .checks import check_inputs
 from .mosaic_config import MosaicConfig
 from .pallas_config import Config
@@ -17,12 +17,13 @@ IMPLS: tuple[str, ...] = registry.JAX_IMPLS
 
 
 def resolve_impl(impl: object) -> str:
-    """``None`` → ``"pallas"`` on a GPU, ``"xla"`` elsewhere; validates explicit choices."""
+    """``None`` → ``"auto"`` on a GPU (per direction and shape the faster lowering: ``auto.py``), ``"xla"``
+    elsewhere; validates explicit choices."""
     if impl is None:
-        return "pallas" if backend.on_gpu() else "xla"
+        return "auto" if backend.on_gpu() else "xla"
     impl = registry.jax_impl(impl)
-    if impl == "pallas" and not backend.on_gpu():
-        raise ValueError("impl='pallas' needs a GPU (JAX's default backend is "
+    if impl in ("pallas", "auto") and not backend.on_gpu():
+        raise ValueError(f"impl={impl!r} needs a GPU (JAX's default backend is "
                          f"{jax.default_backend()!r}); use impl='interpret' to run the kernel on CPU")
     if impl == "mosaic" and not backend.mosaic_capable():
         raise ValueError("impl='mosaic' needs an NVIDIA GPU of compute capability >= 9.0 (Hopper or newer; JAX's "
@@ -42,17 +43,18 @@ def _local_only(impl: str) -> bool:
 
 def check_configs(impl: str, **configs: object) -> None:
     """``config``/``bwd_config`` tile the kernels: ``pallas_config.Config`` for ``pallas``/``interpret``,
-    ``mosaic_config.MosaicConfig`` for ``mosaic``/``mosaic_interpret``, None for any."""
+    ``mosaic_config.MosaicConfig`` for ``mosaic``/``mosaic_interpret``, either for ``auto`` (it then picks that
+    direction's lowering), None for any."""
     for name, config in configs.items():
         if config is None:
             continue
         if impl == "xla":
             raise ValueError(f"{name} tiles the Pallas kernels; impl='xla' takes none (got {config}; impl=None is "
                              "'xla' where JAX sees no GPU: pass impl='interpret' to tile the interpreted kernels)")
-        want = MosaicConfig if _is_mosaic(impl) else Config
-        if not isinstance(config, want):
-            raise TypeError(f"{name} must be a pallas_norm.{want.__module__.split('.')[-1]}.{want.__name__} or None "
-                            f"for impl={impl!r}, got {type(config).__name__}")
+        allowed = (Config, MosaicConfig) if impl == "auto" else (MosaicConfig,) if _is_mosaic(impl) else (Config,)
+        if not isinstance(config, allowed):
+            names = " or ".join(f"pallas_norm.{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}" for c in allowed)
+            raise TypeError(f"{name} must be a {names} or None for impl={impl!r}, got {type(config).__name__}")
 
 
 def rms_norm(
@@ -76,8 +78,9 @@ def rms_norm(
     - ``"none"`` (Liger's "none"): ``rstd`` rounded to ``x.dtype``, then ``x·rstd·(weight + offset)`` with
       every product in ``x.dtype``.
 
-    ``weight=None`` means no scale (``offset`` must then be 0). ``impl``: ``None`` (the Pallas kernel on GPU,
-    the XLA path elsewhere), ``"pallas"``, ``"xla"``, ``"interpret"`` (the Pallas kernel run by Pallas's
+    ``weight=None`` means no scale (``offset`` must then be 0). ``impl``: ``None`` (``"auto"`` on GPU: per
+    direction and shape the faster lowering of the kernels, ``pallas_norm/auto.py``; the XLA path elsewhere),
+    ``"pallas"`` (the Triton lowering), ``"xla"``, ``"interpret"`` (the Pallas kernel run by Pallas's
     interpreter, on any backend), ``"mosaic"`` (the Mosaic GPU kernels: Hopper GPUs; rows up to 65536 columns in
     the backward) or ``"mosaic_interpret"`` (those run by Mosaic GPU's interpreter). ``config``/``bwd_config``
     force the kernels' tiling for the forward and the backward (``pallas_norm.pallas_config.Config``, or
@@ -137,6 +140,8 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None, h_dtype=None):
     """One forward launch on 2-D ``x2`` by ``impl`` (the XLA path, the Pallas kernels or the Mosaic kernels)."""
     m, n = x2.shape
+    if impl == "auto":
+        impl = auto.lowering(False, n, config)
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
         return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)
@@ -153,6 +158,8 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
 
 def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out=None):
     m, n = x2.shape
+    if impl == "auto":
+        impl = auto.lowering(True, n, config)
     if impl == "xla":
         return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out)
     if m == 0:

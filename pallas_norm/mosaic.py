@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from . import backend, mosaic_config
 from .mosaic_config import MosaicConfig, Plan
-from .mosaic_kernels import _bwd_kernel, _fwd_kernel
+from .mosaic_kernels import _bwd_kernel, _dweight_reduce_kernel, _fwd_kernel
 
 F32 = jnp.float32
 
@@ -53,9 +53,7 @@ def _cluster_scratch(plan: Plan):
 def forward_kernel(m: int, n: int, x_dtype, weight_dtype, *, eps: float, offset: float, casting: str,
                    config: MosaicConfig | None, interpret: bool, residual_dtype=None, h_dtype=None):
     """``(kernel, plan)``: the forward's Mosaic kernel for ``(m, n)`` rows, called on the rows padded to
-    ``plan.n_pad`` columns (``x, [residual], [weight]``), returning ``y, [h]`` (padded) and ``rstd`` in the
-    kernel's layout (``plan.programs × plan.rstd_cap``, cluster ``p``'s rows in row ``p``). The one function
-    both stacks launch (``forward`` here; a torch route may launch the same module)."""
+    ``plan.n_pad`` columns (``x, [residual], [weight]``), returning ``y, [h]`` (padded) and ``rstd`` ``(m,)``."""
     plgpu = backend.mosaic()
     fused = residual_dtype is not None
     hdt = jnp.dtype(h_dtype if fused else x_dtype)
@@ -70,13 +68,13 @@ def forward_kernel(m: int, n: int, x_dtype, weight_dtype, *, eps: float, offset:
     if has_weight and plan.weight_in_smem:
         scratch.append(plgpu.SMEM((plan.width,), weight_dtype))
     part, cbar = _cluster_scratch(plan)
-    scratch += [plgpu.SMEM((plan.rstd_cap,), F32), *part]
+    scratch += part
     scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * (1 + fused))
     if has_weight and plan.weight_in_smem:
         scratch.append(plgpu.Barrier(num_arrivals=1))
     scratch += cbar
     out_rows = jax.ShapeDtypeStruct((m, plan.n_pad), hdt)
-    out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((plan.programs, plan.rstd_cap), F32))
+    out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((m,), F32))
     body = functools.partial(_fwd_kernel, plan=plan, eps=eps, offset=offset, casting=casting,
                              has_weight=has_weight, fused=fused, split_h=split_h, split_y=split_y)
     name = "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd"
@@ -93,7 +91,6 @@ def forward(x, weight, *, eps: float, offset: float, casting: str, config: Mosai
                                   residual_dtype=None if residual is None else residual.dtype, h_dtype=h_dtype)
     args = [_pad_cols(a, plan.n_pad) for a in (x, residual, weight) if a is not None]
     *row_outs, rstd = kernel(*args)
-    rstd = rstd[:, : plan.per * plan.block_rows].reshape(-1)[:m]
     return (*(o[:, :n] if plan.n_pad != n else o for o in row_outs), rstd)
 
 
@@ -116,26 +113,41 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Mosaic
     if weight is not None and plan.weight_in_smem:
         scratch.append(plgpu.SMEM((plan.width,), weight.dtype))
     part, cbar = _cluster_scratch(plan)
-    scratch += [plgpu.SMEM((plan.rstd_cap,), F32), *part]
+    scratch += part
     scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * len(row_dtypes))
-    scratch.append(plgpu.Barrier(num_arrivals=1 + (weight is not None and plan.weight_in_smem)))
+    if weight is not None and plan.weight_in_smem:
+        scratch.append(plgpu.Barrier(num_arrivals=1))
     scratch += cbar
     out_type = []
     if need_dx:
         out_type.append(jax.ShapeDtypeStruct((m, plan.n_pad), x.dtype))
     if need_dw:
         out_type.append(jax.ShapeDtypeStruct((plan.programs, plan.n_pad), F32))
-    # rstd in the kernel's layout: cluster p's rows in row p, padded to rstd_cap slots
-    rows_per = plan.per * plan.block_rows
-    rin = jnp.pad(rstd.astype(F32), (0, plan.programs * rows_per - m)).reshape(plan.programs, rows_per)
-    rin = jnp.pad(rin, ((0, 0), (0, plan.rstd_cap - rows_per)))
     body = functools.partial(_bwd_kernel, plan=plan, offset=offset, casting=casting, has_weight=weight is not None,
                              need_dx=need_dx, need_dw=need_dw, fused=fused)
     args = [_pad_cols(a, plan.n_pad) for a in (x, weight, dy, dh_out if fused else None) if a is not None]
     outs = list(_kernel(body, plan, tuple(out_type), tuple(scratch),
-                        "mosaic_norm_add_bwd" if fused else "mosaic_norm_bwd", interpret)(*args, rin))
+                        "mosaic_norm_add_bwd" if fused else "mosaic_norm_bwd", interpret)(*args, rstd))
     dx = outs.pop(0) if need_dx else None
     if dx is not None and plan.n_pad != n:
         dx = dx[:, :n]
-    dweight = jnp.sum(outs.pop(0), axis=0)[:n].astype(weight.dtype) if need_dw else None
+    dweight = None
+    if need_dw:
+        dweight = _dweight_reduce(outs.pop(0), weight.dtype, interpret)
+        dweight = dweight if plan.n_pad == n else dweight[:n]
     return dx, dweight
+
+
+REDUCE_COLS = 128  # columns per CTA of the dweight reduction (one float32 per thread: many CTAs, many loads in flight)
+REDUCE_UNROLL = 16
+
+
+def _dweight_reduce(partials, dtype, interpret: bool):
+    """The float32 partials ``(programs, n_pad)`` summed over programs in a fixed order, in ``dtype``."""
+    plgpu = backend.mosaic()
+    parts, n_pad = partials.shape
+    body = functools.partial(_dweight_reduce_kernel, parts=parts, cols=REDUCE_COLS, unroll=REDUCE_UNROLL)
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((n_pad,), dtype), grid=(n_pad // REDUCE_COLS,),
+                        grid_names=("c",), compiler_params=backend.mosaic_params(interpret=interpret),
+                        interpret=backend.mosaic_interpret(interpret), kernel_name="mosaic_norm_dweight_reduce"
+                        )(partials)

@@ -58,7 +58,7 @@ class MosaicConfig:
 class Plan:
     """A config fitted to one ``(m, n)`` launch: the padded row ``n_pad``, each CTA's columns ``width``, the grid
     of ``programs`` clusters of ``cluster`` CTAs, ``per`` row blocks per cluster, ``vec`` elements per thread
-    access (16 bytes of the widest staged dtype), and ``rstd_cap`` rstd slots per cluster (a multiple of 32)."""
+    access (16 bytes of the widest staged dtype)."""
 
     m: int
     n: int
@@ -70,7 +70,6 @@ class Plan:
     programs: int
     per: int
     vec: int
-    rstd_cap: int
     weight_in_smem: bool
 
     def chunks(self) -> list[tuple[int, int]]:
@@ -89,10 +88,10 @@ class Plan:
 
 
 def smem_bytes(plan: Plan, row_bytes: int, weight_bytes: int) -> int:
-    """Shared memory of one CTA: ``stages`` blocks of the staged rows, the weight slice, the rstd slots."""
+    """Shared memory of one CTA: ``stages`` blocks of the staged rows and the weight slice."""
     staged = plan.stages * plan.block_rows * plan.width * row_bytes
     weight = plan.width * weight_bytes if plan.weight_in_smem else 0
-    return staged + weight + plan.rstd_cap * 4 + SMEM_RESERVED
+    return staged + weight + SMEM_RESERVED
 
 
 def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_bytes: int, widest: int,
@@ -137,8 +136,7 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -
     blocks = cdiv(max(m, 1), rows)
     programs = max(1, min(per_sm * backend.num_sms() // cluster, blocks))
     per = cdiv(blocks, programs)
-    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, cdiv(per * rows, 32) * 32,
-                weight_smem)
+    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem)
 
 
 def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:

@@ -148,8 +148,7 @@ def _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
 
 def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, split_h, split_y):
     """Forward: ``y`` (and the fused add's ``h``) and ``rstd``. Refs: ``x, [residual], [weight]``, outputs
-    ``y, [h], rstd (programs, rstd_cap)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], r_s, [part_s], bars,
-    [wbar], [cbar]``. ``h`` is written over the residual's staging buffer (``split_h``: its own buffer, when
+    ``y, [h], rstd (m,)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``h`` is written over the residual's staging buffer (``split_h``: its own buffer, when
     the dtypes differ) and ``y`` over x's (``split_y`` likewise)."""
     pl, plgpu = _pl(), backend.mosaic()
     it = iter(refs)
@@ -162,7 +161,6 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     h_s = (next(it) if split_h else res_s) if fused else x_s
     y_s = next(it) if split_y else x_s
     w_s = next(it) if has_weight and plan.weight_in_smem else None
-    r_s = next(it)
     part_s = next(it) if plan.cluster > 1 else None
     bars = next(it)
     wbar = next(it) if w_s is not None else None
@@ -208,7 +206,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
             def _(r):
                 rstd = rstd_of(sumsq(s, r))
                 normalise(s, r, rstd)
-                r_s[t * plan.block_rows + r] = rstd
+                rstd_g[st.row0(t) + r] = rstd
         else:
             parity = t % 2
             for r in range(plan.block_rows):
@@ -220,15 +218,16 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
                 @pl.when(r < valid)
                 def _():
                     normalise(s, r, rstd)
-                    r_s[t * plan.block_rows + r] = rstd
+
+                @pl.when((r < valid) & (j == 0))
+                def _():
+                    rstd_g[st.row0(t) + r] = rstd
         plgpu.commit_smem()
         st.store(t, [(y_s, y_g)] + ([(h_s, h_g)] if fused else []))
         return c
 
     loads = [(x_g, x_s)] + ([(res_g, res_s)] if fused else [])
     st.pipeline(loads, bars, step, 0)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(r_s, rstd_g.at[pid], predicate=j == 0 if plan.cluster > 1 else None)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -238,8 +237,8 @@ def _sq(v):
 
 def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw, fused):
     """Backward: ``dx`` (fused: ``dh = r(dx_norm + dh_out)``) and each cluster's float32 ``dweight`` partial.
-    Refs: ``x, [weight], dy, [dh_out], rstd (programs, rstd_cap)``, outputs ``[dx], [dweight partials
-    (programs, n_pad)]``, scratch ``x_s, dy_s, [dh_s], [w_s], r_s, [part_s], bars, rbar, [cbar]``. ``dx`` is
+    Refs: ``x, [weight], dy, [dh_out], rstd (m,)``, outputs ``[dx], [dweight partials (programs, n_pad)]``,
+    scratch ``x_s, dy_s, [dh_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``dx`` is
     written over the staged copy of ``dy`` (the caller's ``dy`` is only read)."""
     pl, plgpu = _pl(), backend.mosaic()
     it = iter(refs)
@@ -247,15 +246,15 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     w_g = next(it) if has_weight else None
     dy_g = next(it)
     dh_g = next(it) if fused else None
-    rin_g = next(it)
+    rstd_g = next(it)
     dx_g = next(it) if need_dx else None
     dwp_g = next(it) if need_dw else None
     x_s, dy_s = next(it), next(it)
     dh_s = next(it) if fused else None
     w_s = next(it) if has_weight and plan.weight_in_smem else None
-    r_s = next(it)
     part_s = next(it) if plan.cluster > 1 else None
-    bars, rbar = next(it), next(it)
+    bars = next(it)
+    wbar = next(it) if w_s is not None else None
     cbar = next(it) if plan.cluster > 1 else None
     dt = dy_g.dtype
     pid = lax.axis_index("p")
@@ -263,10 +262,9 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     col0 = j * plan.width
     st = _Staging(plan, pid, col0)
     chunks = plan.chunks()
-    plgpu.copy_gmem_to_smem(rin_g.at[pid], r_s, rbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
     if w_s is not None:
-        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, rbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
-    plgpu.barrier_wait(rbar)
+        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, wbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
+        plgpu.barrier_wait(wbar)
 
     def load(ref, s, r, off, size):
         return plgpu.load(ref.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
@@ -296,16 +294,16 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
 
     def step(t, s, dw):
         valid = st.rows_valid(t)
-        base = t * plan.block_rows
+        base = st.row0(t)
         if plan.cluster == 1:
-            dw = lax.fori_loop(0, valid, lambda r, acc: row_grads(s, r, r_s[base + r], sum_gx(s, r), acc), dw)
+            dw = lax.fori_loop(0, valid, lambda r, acc: row_grads(s, r, rstd_g[base + r], sum_gx(s, r), acc), dw)
         else:
             parity = t % 2
             for r in range(plan.block_rows):
                 part_s[parity, r, j] = sum_gx(s, r)
             totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows)
             for r in range(plan.block_rows):
-                dw = lax.cond(r < valid, lambda acc: row_grads(s, r, r_s[base + r], totals[r], acc),
+                dw = lax.cond(r < valid, lambda acc: row_grads(s, r, rstd_g[base + r], totals[r], acc),
                               lambda acc: acc, dw)
         if need_dx:
             plgpu.commit_smem()
@@ -319,3 +317,24 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         for (off, size), acc in zip(chunks, dw):
             dwp_g[pid, pl.ds(col0 + off, size)] = acc
     plgpu.wait_smem_to_gmem(0)
+
+
+def _dweight_reduce_kernel(dwp_g, dw_g, *, parts: int, cols: int, unroll: int):
+    """``dweight[c] = Σ_p partials[p, c]`` for this CTA's ``cols`` columns, summed in order p = 0, 1, …
+    (deterministic; both stacks launch this kernel, hence the same bits). Each loop step issues ``unroll`` loads
+    before adding them in order (latency hidden, order kept); the remainder is added after the loop."""
+    pl, plgpu = _pl(), backend.mosaic()
+    c0 = lax.axis_index("c") * cols
+    lay = _layout(cols)
+
+    def add(p0, count, acc):
+        rows = [plgpu.load(dwp_g.at[p0 + i, pl.ds(c0, cols)], layout=lay) for i in range(count)]
+        for row in rows:
+            acc = acc + row
+        return acc
+
+    step = min(unroll, parts)
+    acc = lax.fori_loop(0, parts // step, lambda k, a: add(k * step, step, a),
+                        plgpu.layout_cast(jnp.zeros((cols,), F32), lay))
+    acc = add(parts - parts % step, parts % step, acc)
+    dw_g[pl.ds(c0, cols)] = acc.astype(dw_g.dtype)

@@ -7,13 +7,14 @@ for tables and plots only. Framework-free (no JAX, no torch): the PyTorch side r
 =================  =====  ======================================================================================
 name               stack  what runs
 =================  =====  ======================================================================================
+``auto``           jax    per direction and shape the faster compiled lowering (``auto.py``): what ``impl=None`` runs on GPU
 ``pallas``         jax    the Pallas kernels, compiled (GPU)
 ``interpret``      jax    the Pallas kernels run by Pallas's interpreter (any backend; CPU tests)
 ``xla``            jax    the same row math as plain ``jax.numpy`` compiled by XLA
 ``mosaic``         jax    the Mosaic GPU kernels (rows staged in shared memory by TMA), compiled (Hopper GPUs)
 ``mosaic_interpret`` jax  the Mosaic GPU kernels run by Mosaic GPU's interpreter (any backend; CPU tests)
-``pallas_launch``  torch  the binaries XLA compiled for ``pallas`` (JAX's bits), launched on torch's stream
-``pallas_dlpack``  torch  the JAX functions of ``pallas``/``interpret`` on torch tensors through DLPack: JAX's bits
+``pallas_launch``  torch  the kernels JAX compiled for ``auto`` (JAX's bits), launched on torch's stream
+``pallas_dlpack``  torch  the JAX functions of ``auto``/``interpret`` on torch tensors through DLPack: JAX's bits
 ``triton``         torch  the Triton reference kernel (also float64)
 =================  =====  ======================================================================================
 
@@ -29,7 +30,7 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class Implementation:
     """One way to compute ``rms_norm``. ``same_bits_as``: the implementation whose bits it must reproduce
-    (``"pallas"`` stands for ``"interpret"`` where the kernels run interpreted)."""
+    (``"auto"`` stands for ``"interpret"`` where the kernels run interpreted)."""
 
     name: str
     stack: str  # "jax" or "torch"
@@ -40,14 +41,15 @@ class Implementation:
 
 
 IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    Implementation("auto", "jax", "Pallas in JAX (faster lowering)", cuda_only=True),
     Implementation("pallas", "jax", "Pallas in JAX", cuda_only=True),
     Implementation("interpret", "jax", "Pallas in JAX (interpreter)"),
     Implementation("xla", "jax", "XLA in JAX"),
     Implementation("mosaic", "jax", "Mosaic GPU in JAX", cuda_only=True),
     Implementation("mosaic_interpret", "jax", "Mosaic GPU in JAX (interpreter)"),
     Implementation("pallas_launch", "torch", "Pallas binaries launched by torch", cuda_only=True,
-                   same_bits_as="pallas"),
-    Implementation("pallas_dlpack", "torch", "Pallas via DLPack", same_bits_as="pallas"),
+                   same_bits_as="auto"),
+    Implementation("pallas_dlpack", "torch", "Pallas via DLPack", same_bits_as="auto"),
     Implementation("triton", "torch", "Triton (ours)", float64=True),
 )
 BY_NAME: dict[str, Implementation] = {i.name: i for i in IMPLEMENTATIONS}

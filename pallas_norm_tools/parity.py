@@ -5,15 +5,17 @@ One table of cases (casting × offset × dtype × shape, :func:`cases`) and one 
 the tests (``tests/test_parity.py``) and ``pallas-norm check``. Each case draws its inputs with
 ``pallas_norm.accuracy.make_inputs`` and computes ``y``, ``dx`` and ``dweight`` with every implementation of
 ``pallas_norm.registry`` that runs on the device — on CPU ``interpret``, ``mosaic_interpret``, ``xla``,
-``pallas_dlpack``, ``triton``; on CUDA ``pallas`` (compiled) instead of ``interpret``, ``mosaic`` instead of
-``mosaic_interpret`` (Hopper GPUs; shapes it cannot stage are left out), and ``pallas_launch`` — plus ``hf``, the Hugging Face module,
+``pallas_dlpack``, ``triton``; on CUDA ``auto`` (what ``impl=None`` runs) and ``pallas`` (compiled) instead of
+``interpret``, ``mosaic`` instead of ``mosaic_interpret`` (Hopper GPUs; shapes it cannot stage are left out), and
+``pallas_launch`` — plus ``hf``, the Hugging Face module,
 where the mode is one (Llama: casting "llama", offset 0, weight in x's dtype; Gemma: casting "gemma", offset 1).
 It checks:
 
 * every implementation meets ``pallas_norm.accuracy``'s rule (error bound and rounding points); ``hf`` (a
   peer, not ours) must keep the rounding points only, which ties the modes to HF's formulas;
-* an implementation with ``same_bits_as`` in the registry (``pallas_dlpack``, ``pallas_launch``) is bit-identical to the JAX kernel;
-* ``triton`` is within the accuracy bound of the JAX kernel: different kernels with the same rounding points,
+* an implementation with ``same_bits_as`` in the registry (``pallas_dlpack``, ``pallas_launch``) is bit-identical to the JAX kernel
+  ``impl=None`` runs on the device (``auto``; ``interpret`` on CPU);
+* ``triton`` is within the accuracy bound of that JAX kernel: different kernels with the same rounding points,
   whose float32 row sums and ``dweight`` reduction add in another order.
 """
 
@@ -198,7 +200,7 @@ def run_case(case: Case, device: str = "cpu", impls: dict[str, Impl] | None = No
     for name, out in outs.items():
         errors[name], found = ref.judge(name, out, bounded=name not in PEERS)
         failures += found
-    kernel = next((k for k in ("pallas", "interpret") if k in outs), None)
+    kernel = next((k for k in ("auto", "interpret") if k in outs), None)  # the bits the torch routes reproduce
     for name, out in outs.items():
         impl = registry.BY_NAME.get(name)
         if impl is not None and impl.same_bits_as and kernel is not None:

@@ -20,6 +20,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the kernels run 
 HAS_CUDA = DEVICE == "cuda"
 ON_GPU = jax.default_backend() == "gpu"
 KERNEL = "pallas" if ON_GPU else "interpret"  # the Pallas kernel in JAX: compiled, or interpreted on CPU
+DEFAULT_KERNEL = "auto" if ON_GPU else "interpret"  # the kernels impl=None runs on a GPU: the torch routes' bits
 ON_HOPPER = ON_GPU and backend.mosaic_capable()
 MOSAIC = "mosaic" if ON_HOPPER else "mosaic_interpret"  # the Mosaic GPU kernels: compiled on Hopper, else interpreted
 TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -58,7 +59,7 @@ def to_jnp(t: torch.Tensor) -> jax.Array:
     return jnp.asarray(to_numpy(t))
 
 
-def jax_results(x, w, dy, impl=KERNEL, **kw):
+def jax_results(x, w, dy, impl=DEFAULT_KERNEL, **kw):
     """``(y, dx, dweight)`` of ``pallas_norm.rms_norm`` in JAX on torch inputs' values."""
     return jax_vjp(impl, to_jnp(x), None if w is None else to_jnp(w), to_jnp(dy), **kw)
 

@@ -206,7 +206,7 @@ def test_memory_flat_over_10k_calls(backend):
         x.grad = w.grad = None
 
     torch_growth, jax_growth, host_growth = memory_growth(step, 10_000)
-    assert (torch_growth, jax_growth) == (0, 0)
+    assert (torch_growth, jax_growth) == (0, 0), f"device memory grew: torch {torch_growth} B, JAX {jax_growth} B"
     assert host_growth < 16 * 2**20, f"host RSS grew {host_growth / 2**20:.1f} MiB over 10k calls"
     kept = []
     assert sum(memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)[:2]) > 0  # a leak shows

@@ -22,7 +22,7 @@ from pallas_norm import accuracy
 from pallas_norm.pallas_config import Config
 from torch_bridge.numpy_io import from_numpy, to_numpy
 
-from helpers import DEVICE, HAS_CUDA, KERNEL, MOSAIC, bits
+from helpers import DEFAULT_KERNEL, DEVICE, HAS_CUDA, KERNEL, MOSAIC, bits
 
 F32 = np.float32
 gpu = pytest.mark.gpu
@@ -113,21 +113,23 @@ def test_cotangent_check_catches_a_backward_that_writes_dh_out(monkeypatch):
         torch_run("triton", fused_inputs((2, 64), "float32", "float32", 0.0))
 
 
-PALLAS = [("jax", KERNEL), ("torch", "pallas"), pytest.param(("torch", "pallas_dlpack"), marks=gpu)]
+PALLAS = [*(("jax", k) for k in dict.fromkeys((KERNEL, DEFAULT_KERNEL))), ("torch", "pallas"),
+          pytest.param(("torch", "pallas_dlpack"), marks=gpu)]
 
 
 @pytest.mark.parametrize("impl", PALLAS, ids=lambda i: f"{i[0]}-{i[1]}")
 def test_pallas_bits_are_the_unfused_norm_s_and_jax_s(impl):
-    """``y`` and ``dweight`` are ``rms_norm(h)``'s bits; every output equals JAX's bit for bit (the default torch
-    route runs JAX's kernels: the launched binaries on CUDA, the DLPack route elsewhere)."""
+    """``y`` and ``dweight`` are ``rms_norm(h)``'s bits (the same implementation); every torch output equals JAX's
+    default kernels' bit for bit (the default torch route runs them: launched on CUDA, through DLPack elsewhere)."""
     a = fused_inputs((4, 7, 256), "bfloat16", "bfloat16", 1.0, seed=2)
     mode = dict(eps=1e-5, offset=1.0, casting="gemma")
     out = run(impl, a, **mode)
     h, w = jnp.asarray(out["h"]), jnp.asarray(a["weight"])
-    y, vjp = jax.vjp(lambda h, w: pn.rms_norm(h, w, impl=KERNEL, **mode), h, w)
+    same = impl[1] if impl[0] == "jax" else DEFAULT_KERNEL
+    y, vjp = jax.vjp(lambda h, w: pn.rms_norm(h, w, impl=same, **mode), h, w)
     assert np.array_equal(bits(out["y"]), bits(y))
     assert np.array_equal(bits(out["dweight"]), bits(vjp(jnp.asarray(a["dy"]))[1]))
-    want = jax_run(KERNEL, a, **mode)
+    want = jax_run(same, a, **mode)
     for k in want:
         assert np.array_equal(bits(out[k]), bits(want[k])), k
 

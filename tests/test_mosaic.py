@@ -172,3 +172,25 @@ def test_gpu_dweight_bitwise_reproducible():
     first = np.asarray(grad(w))
     for _ in range(5):
         np.testing.assert_array_equal(np.asarray(grad(w)), first)
+
+
+LOWERINGS = [((37, 1536), jnp.bfloat16, None), ((515, 8192), jnp.float16, MosaicConfig(block_rows=2, cluster=2)),
+             ((64, 65536), jnp.bfloat16, None), ((33000, 4096), jnp.float32, None), ((9, 1000), jnp.bfloat16, None)]
+
+
+@pytest.mark.parametrize("shape,dtype,config", LOWERINGS, ids=str)
+def test_lowers_for_hopper(shape, dtype, config):
+    """The compiled kernels' Mosaic lowering, run on CPU for a Hopper target (no GPU needed): layouts, TMA copies,
+    clusters and loops that the interpreter never lowers (it once let through an unroll the lowering refuses)."""
+    x, w, dy = (jax.ShapeDtypeStruct(s, dtype) for s in (shape, shape[-1:], shape))
+
+    def fwd_bwd(x, w, dy):
+        y, vjp = jax.vjp(lambda x, w: pn.rms_norm(x, w, impl="mosaic", config=config, bwd_config=config), x, w)
+        return y, vjp(dy)
+
+    from pallas_norm import backend
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backend, "mosaic_capable", lambda: True)
+        mp.setattr(backend, "num_sms", lambda: 132)
+        text = jax.jit(fwd_bwd).trace(x, w, dy).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu_v2") == 3  # forward, backward, dweight reduction

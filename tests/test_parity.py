@@ -15,7 +15,7 @@ from pallas_norm_tools import parity
 from torch_bridge import rms_norm
 from torch_bridge.numpy_io import autograd_outputs
 
-from helpers import DEVICE, KERNEL, one_ulp_off
+from helpers import DEFAULT_KERNEL, DEVICE, KERNEL, one_ulp_off
 
 
 @pytest.mark.parametrize("case", parity.cases(DEVICE), ids=lambda c: c.name)
@@ -42,8 +42,9 @@ def llama_rounding_in_a_gemma_case(x, w, dy, case):
 
 def test_matrix_catches_a_casting_mixup_and_a_bridge_that_is_not_jax():
     case = parity.Case("gemma", 1.0, "bfloat16", (7, 1000))
-    impls = {KERNEL: parity.jax_impl(KERNEL), "pallas_dlpack": one_ulp_off, "mixup": llama_rounding_in_a_gemma_case}
+    impls = {DEFAULT_KERNEL: parity.jax_impl(DEFAULT_KERNEL), "pallas_dlpack": one_ulp_off,
+             "mixup": llama_rounding_in_a_gemma_case}
     failures = parity.run_case(case, DEVICE, impls).failures
     assert any(f.startswith("mixup y vs naive") for f in failures), failures
-    assert f"pallas_dlpack y: not bit-identical to {KERNEL}" in failures, failures
-    assert not any(f.startswith(f"{KERNEL} ") for f in failures), failures
+    assert f"pallas_dlpack y: not bit-identical to {DEFAULT_KERNEL}" in failures, failures
+    assert not any(f.startswith(f"{DEFAULT_KERNEL} ") for f in failures), failures

@@ -21,7 +21,8 @@ def test_every_reader_takes_its_names_from_the_registry():
     assert len(registry.BY_NAME) == len(registry.IMPLEMENTATIONS)  # names are unique
     assert set(parity.implementations("cpu")) == {"interpret", "mosaic_interpret", "xla", "pallas_dlpack", "triton"}
     mosaic = {"mosaic"} if backend.mosaic_capable() else set()
-    assert set(parity.implementations("cuda")) == {"pallas", "xla", "pallas_launch", "pallas_dlpack", "triton"} | mosaic
+    assert set(parity.implementations("cuda")) == {"auto", "pallas", "xla", "pallas_launch", "pallas_dlpack",
+                                                   "triton"} | mosaic
     assert set(bench_names.OURS) <= set(registry.BY_NAME) and not set(bench_names.PEER_LABELS) & set(registry.BY_NAME)
     train = next(a for a in cli.parser()._subparsers._group_actions[0].choices["train"]._actions
                  if a.dest == "backend")
@@ -29,8 +30,8 @@ def test_every_reader_takes_its_names_from_the_registry():
 
 
 def test_names_are_refused_by_the_other_stack():
-    with pytest.raises(ValueError, match=r"impl must be None or one of \('pallas', 'interpret', 'xla', 'mosaic', "
-                                         r"'mosaic_interpret'\)"):
+    with pytest.raises(ValueError, match=r"impl must be None or one of \('auto', 'pallas', 'interpret', 'xla', "
+                                         r"'mosaic', 'mosaic_interpret'\)"):
         pn.rms_norm(jnp.ones((2, 8)), impl="pallas_dlpack")
     with pytest.raises(ValueError, match=r"backend must be one of \('pallas', 'pallas_launch', 'pallas_dlpack', "
                                          r"'triton'\), got 'interpret'"):
@@ -45,7 +46,7 @@ def test_the_default_alias_is_its_implementation():
     assert_same_bits(default, torch_results(x, w, dy, backend=registry.resolve_torch("pallas", x.is_cuda), **kw))
     assert registry.resolve_torch("pallas", True) == "pallas_launch"
     assert registry.resolve_torch("pallas", False) == registry.resolve_torch("pallas_dlpack", True) == "pallas_dlpack"
-    assert all(registry.BY_NAME[n].same_bits_as == "pallas" for n in registry.TORCH_ALIASES["pallas"])
+    assert all(registry.BY_NAME[n].same_bits_as == "auto" for n in registry.TORCH_ALIASES["pallas"])
     assert KERNEL in registry.BY_NAME
     module = torch_bridge.RMSNorm(8)
     assert "backend='pallas' (runs 'pallas_dlpack')" in repr(module)

@@ -61,7 +61,7 @@ def to_torch(a: jax.Array) -> torch.Tensor:
 
 
 def _impl_for(device: jax.Device) -> str:
-    return "pallas" if device.platform == "gpu" else "interpret"
+    return "auto" if device.platform == "gpu" else "interpret"
 
 
 @functools.lru_cache(maxsize=None)

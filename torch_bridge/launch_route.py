@@ -1,10 +1,12 @@
 """The default CUDA route: JAX's own compiled kernels, launched on torch's current stream into torch's buffers.
 
 Once per (kind, shape, dtypes, mode), the very JAX function the JAX API runs (``pallas_norm.api.forward_fn`` /
-``backward_fn``) is lowered and compiled. Pallas hands each kernel to XLA as a ``__gpu$xla.gpu.triton`` custom call
-whose backend config carries its grid and warps; our functions' modules are nothing but a chain of such calls,
-read into a ``Program`` (which buffers each kernel reads and writes). XLA's compile writes each kernel's binary
-(``xla_binaries``): the same machine code JAX launches, hence JAX's bits. Each call then allocates the results with
+``backward_fn``, with the implementation ``impl=None`` picks on this GPU) is lowered. Pallas hands each Triton-
+lowered kernel to XLA as a ``__gpu$xla.gpu.triton`` custom call whose backend config carries its grid and warps,
+and each Mosaic GPU kernel as a ``mosaic_gpu_v2`` call carrying its MLIR module; our functions' modules are nothing
+but a chain of such calls, read into a ``Program`` (which buffers each kernel reads and writes). XLA's compile
+writes each Triton kernel's binary (``xla_binaries``); Mosaic modules are compiled by Mosaic GPU's own runtime
+(the one XLA calls): the same machine code JAX launches, hence JAX's bits. Each call then allocates the results with
 torch and launches those binaries through the CUDA driver (``cuda_driver``) on torch's current stream: stream
 order is torch's own, nothing is copied or synchronised, the host cost is a few µs per kernel, and a CUDA graph
 capture records the launches.
@@ -27,17 +29,20 @@ from torch_bridge import cuda_driver, xla_binaries
 from torch_bridge.jax_device import JAX_DTYPES
 
 TRITON_TARGET = "__gpu$xla.gpu.triton"
+MOSAIC_TARGET = "mosaic_gpu_v2"
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device -> the cudaStream_t torch uses
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 class UnsupportedProgram(RuntimeError):
-    """The lowered module holds something other than Triton custom calls (e.g. XLA ops or aliasing)."""
+    """The lowered module holds something other than kernel custom calls (e.g. XLA ops or aliasing)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelCall:
-    """One ``pallas_call``: its Triton IR (text), launch settings, and which values it reads and writes."""
+    """One kernel: a ``pallas_call`` of the Triton lowering (its IR as text, launch settings) or a Mosaic GPU
+    kernel (``module``: its MLIR bytecode, which carries its own launch settings), and which values it reads and
+    writes."""
 
     name: str
     ttir: str
@@ -48,6 +53,11 @@ class KernelCall:
     results: tuple[int, ...]
     result_shapes: tuple[tuple[int, ...], ...]
     result_dtypes: tuple[torch.dtype, ...]
+    module: bytes = b""
+
+    @property
+    def mosaic(self) -> bool:
+        return bool(self.module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +83,8 @@ def _ttir_text(ir_bytes: bytes) -> str:
 
 
 def parse_program(module) -> Program:
-    """Read a lowered StableHLO module (an MLIR ``ir.Module``) made only of Triton custom calls into a
-    ``Program``."""
+    """Read a lowered StableHLO module (an MLIR ``ir.Module``) made only of kernel custom calls (Triton or Mosaic
+    GPU) into a ``Program``."""
     ir = compat.mlir()[1]
     main = next(op for op in module.body.operations
                 if ir.StringAttr(op.attributes["sym_name"]).value == "main")
@@ -86,8 +96,10 @@ def parse_program(module) -> Program:
         if name == "func.return":
             outputs = tuple(ids[v] for v in op.operands)
             continue
-        if name != "stablehlo.custom_call" or ir.StringAttr(op.attributes["call_target_name"]).value != TRITON_TARGET:
-            raise UnsupportedProgram(f"lowered module holds {name}, not only {TRITON_TARGET} calls")
+        target = ir.StringAttr(op.attributes["call_target_name"]).value if name == "stablehlo.custom_call" else ""
+        if target not in (TRITON_TARGET, MOSAIC_TARGET):
+            raise UnsupportedProgram(f"lowered module holds {name} {target}, not only {TRITON_TARGET} and "
+                                     f"{MOSAIC_TARGET} calls")
         if "output_operand_aliases" in op.attributes and len(op.attributes["output_operand_aliases"]):
             raise UnsupportedProgram("kernel with input/output aliasing")
         cfg = op.attributes["mhlo.backend_config"]
@@ -96,6 +108,14 @@ def parse_program(module) -> Program:
             ids[r] = len(ids)
             results.append(r)
         types = [ir.RankedTensorType(r.type) for r in results]
+        if target == MOSAIC_TARGET:
+            calls.append(KernelCall(
+                name=f"mosaic_{len(calls)}", ttir="", grid=(1, 1, 1), num_warps=0, num_stages=0,
+                operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
+                result_shapes=tuple(tuple(t.shape) for t in types),
+                result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
+                module=ir.StringAttr(cfg["module"]).value_bytes))
+            continue
         calls.append(KernelCall(
             name=ir.StringAttr(cfg["name"]).value,
             ttir=_ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
@@ -118,14 +138,14 @@ def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
 
 def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str, config=None,
                    residual_dtype=None, h_dtype=None):
-    fn = api.forward_fn(eps, offset, casting, "pallas", config, None if h_dtype is None else JAX_DTYPES[h_dtype])
+    fn = api.forward_fn(eps, offset, casting, "auto", config, None if h_dtype is None else JAX_DTYPES[h_dtype])
     specs = _specs([((m, n), x_dtype)] + ([] if residual_dtype is None else [((m, n), residual_dtype)])
                    + ([] if w_dtype is None else [((n,), w_dtype)]))
     return jax.jit(fn).trace(*specs).lower()
 
 
 def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str, config=None, fused=False):
-    fn = api.backward_fn(offset, casting, "pallas", w_dtype is not None, config, fused)
+    fn = api.backward_fn(offset, casting, "auto", w_dtype is not None, config, fused)
     if w_dtype is None:
         fn = functools.partial(lambda f, *a: f(*a)[0], fn)
     specs = _specs([((m, n), x_dtype)] + ([] if w_dtype is None else [((n,), w_dtype)])
@@ -143,9 +163,49 @@ def backward_program(m: int, n: int, x_dtype, w_dtype, offset: float, casting: s
     return parse_program(_lower_backward(m, n, x_dtype, w_dtype, offset, casting).compiler_ir("stablehlo"))
 
 
+class MosaicCompileFailed(UnsupportedProgram):
+    """Mosaic GPU's runtime returned no kernel for a module."""
+
+
+class MosaicKernel:
+    """A Mosaic GPU module compiled and loaded by Mosaic GPU's runtime (``compat.mosaic_runtime``), launched with
+    its buffers in XLA's calling convention (operands, then results) on a given stream. Loaded for the process's
+    lifetime, like the Triton binaries."""
+
+    def __init__(self, module: bytes, name: str):
+        import ctypes
+
+        compile_fn, _ = compat.mosaic_runtime()
+        torch.cuda.init()  # the runtime compiles into the current CUDA context
+        handle = compile_fn(ctypes.c_char_p(module), ctypes.c_int(len(module)))
+        if not handle:
+            raise MosaicCompileFailed(f"Mosaic GPU's runtime could not compile kernel {name}")
+        self.name, self._handle = name, handle
+        self._function = handle[0]
+        self._launch = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))(
+            handle[1])
+
+    def bind(self, grid, threads) -> Callable[[int, list[int]], None]:
+        """``go(stream, pointers)`` (``grid``/``threads`` are the module's own: ignored)."""
+        import ctypes
+
+        function, launch = self._function, self._launch
+
+        def go(stream: int, pointers: list[int]) -> None:
+            launch(function, stream, (ctypes.c_void_p * len(pointers))(*pointers))
+
+        return go
+
+
 def _kernel(call: KernelCall, binaries: dict[str, xla_binaries.KernelBinary], device_index: int
-            ) -> cuda_driver.CudaKernel:
-    """XLA's binary for ``call``, checked against the launch settings in its backend config, loaded."""
+            ) -> cuda_driver.CudaKernel | MosaicKernel:
+    """XLA's binary for ``call``, checked against the launch settings in its backend config, loaded (a Mosaic
+    call: its module, compiled by Mosaic GPU's runtime)."""
+    if call.mosaic:
+        try:
+            return MosaicKernel(call.module, call.name)
+        except compat.JaxInternalsMoved as err:
+            raise UnsupportedProgram(str(err)) from err
     binary = binaries.get(call.name)
     if binary is None:
         raise UnsupportedProgram(f"XLA compiled no kernel named {call.name!r} (it has {sorted(binaries)})")
@@ -220,12 +280,19 @@ def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
     loaded on the wrong GPU fails at launch with "invalid resource handle" (seen on rank 0 under torchrun)."""
     program = parse_program(lowered.compiler_ir("stablehlo"))
     try:
-        binaries = xla_binaries.compiled_kernels(lowered)
+        binaries = xla_binaries.compiled_kernels(lowered) if any(not c.mosaic for c in program.calls) else {}
     except xla_binaries.CacheFormatError as err:
         raise UnsupportedProgram(str(err)) from err
     with torch.cuda.device(device_index):
         try:
-            return Launcher(program, [_kernel(c, binaries, device_index) for c in program.calls], device_index, like)
+            try:
+                kernels = [_kernel(c, binaries, device_index) for c in program.calls]
+            except MosaicCompileFailed:
+                # Seen on the H100: Mosaic GPU's runtime refused the process's first module (every retry) until XLA
+                # had compiled a Mosaic kernel itself; after that the same module compiles. So let XLA compile ours.
+                lowered.compile()
+                kernels = [_kernel(c, binaries, device_index) for c in program.calls]
+            return Launcher(program, kernels, device_index, like)
         except cuda_driver.DriverUnavailable as err:
             raise UnsupportedProgram(str(err)) from err
 
