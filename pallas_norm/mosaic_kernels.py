@@ -146,10 +146,40 @@ def _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
     return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))
 
 
+class _Cta:
+    """What every kernel sets up the same way: the trailing scratch refs (``[w_s], [part_s], bars, [wbar],
+    [cbar]``), this CTA's place (cluster ``pid``, rank ``j``, first column ``col0``), its staging and chunks, and
+    the weight slice staged in shared memory (when the plan says so)."""
+
+    def __init__(self, plan: Plan, it, w_g):
+        pl, plgpu = _pl(), backend.mosaic()
+        self.w_s = next(it) if w_g is not None and plan.weight_in_smem else None
+        self.part_s = next(it) if plan.cluster > 1 else None
+        self.bars = next(it)
+        wbar = next(it) if self.w_s is not None else None
+        self.cbar = next(it) if plan.cluster > 1 else None
+        self.pid = lax.axis_index("p")
+        self.j = lax.axis_index("c") if plan.cluster > 1 else 0
+        self.col0 = self.j * plan.width
+        self.st = _Staging(plan, self.pid, self.col0)
+        self.chunks = plan.chunks()
+        if self.w_s is not None:
+            plgpu.copy_gmem_to_smem(w_g.at[pl.ds(self.col0, plan.width)], self.w_s, wbar,
+                                    oob_mode=plgpu.OOBFillMode.UNDEFINED)
+            plgpu.barrier_wait(wbar)
+
+
+def _row(ref, s, r, off: int, size: int):
+    """Chunk ``[off, off + size)`` of row ``r`` of stage ``s`` of a staging buffer, widened to float32."""
+    pl, plgpu = _pl(), backend.mosaic()
+    return plgpu.load(ref.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+
+
 def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, split_h, split_y):
     """Forward: ``y`` (and the fused add's ``h``) and ``rstd``. Refs: ``x, [residual], [weight]``, outputs
-    ``y, [h], rstd (m,)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``h`` is written over the residual's staging buffer (``split_h``: its own buffer, when
-    the dtypes differ) and ``y`` over x's (``split_y`` likewise)."""
+    ``y, [h], rstd (m,)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``h``
+    is written over the residual's staging buffer (``split_h``: its own buffer, when the dtypes differ) and ``y``
+    over x's (``split_y`` likewise)."""
     pl, plgpu = _pl(), backend.mosaic()
     it = iter(refs)
     x_g = next(it)
@@ -160,27 +190,17 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     res_s = next(it) if fused else None
     h_s = (next(it) if split_h else res_s) if fused else x_s
     y_s = next(it) if split_y else x_s
-    w_s = next(it) if has_weight and plan.weight_in_smem else None
-    part_s = next(it) if plan.cluster > 1 else None
-    bars = next(it)
-    wbar = next(it) if w_s is not None else None
-    cbar = next(it) if plan.cluster > 1 else None
+    cta = _Cta(plan, it, w_g)
+    w_s, part_s, bars, cbar, st, chunks, j, col0 = (cta.w_s, cta.part_s, cta.bars, cta.cbar, cta.st, cta.chunks,
+                                                    cta.j, cta.col0)
     dt = y_g.dtype
-    pid = lax.axis_index("p")
-    j = lax.axis_index("c") if plan.cluster > 1 else 0
-    col0 = j * plan.width
-    st = _Staging(plan, pid, col0)
-    chunks = plan.chunks()
-    if w_s is not None:
-        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, wbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
-        plgpu.barrier_wait(wbar)
 
     def row_values(s, r, off, size):
         """The row values normalised (float32): x, or ``h = r_h(x + residual)`` (also stored to ``h_s``)."""
-        x32 = plgpu.load(x_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+        x32 = _row(x_s, s, r, off, size)
         if not fused:
             return x32
-        res32 = plgpu.load(res_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+        res32 = _row(res_s, s, r, off, size)
         h32 = rowmath.residual_add(x32, res32, rounder(dt))
         h_s[s, r, pl.ds(off, size)] = h32.astype(dt)
         return h32
@@ -190,8 +210,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
 
     def normalise(s, r, rstd):
         for off, size in chunks:
-            h32 = plgpu.load(h_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32) if fused else \
-                plgpu.load(x_s.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+            h32 = _row(h_s if fused else x_s, s, r, off, size)
             n_val = rowmath.normalized(h32, rstd, casting, rounder(dt))
             w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
             y_s[s, r, pl.ds(off, size)] = rowmath.output(n_val, w_eff).astype(dt)
@@ -238,8 +257,8 @@ def _sq(v):
 def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw, fused):
     """Backward: ``dx`` (fused: ``dh = r(dx_norm + dh_out)``) and each cluster's float32 ``dweight`` partial.
     Refs: ``x, [weight], dy, [dh_out], rstd (m,)``, outputs ``[dx], [dweight partials (programs, n_pad)]``,
-    scratch ``x_s, dy_s, [dh_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``dx`` is
-    written over the staged copy of ``dy`` (the caller's ``dy`` is only read)."""
+    scratch ``x_s, dy_s, [dh_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``dx`` is written over the staged copy
+    of ``dy`` (the caller's ``dy`` is only read)."""
     pl, plgpu = _pl(), backend.mosaic()
     it = iter(refs)
     x_g = next(it)
@@ -251,23 +270,12 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     dwp_g = next(it) if need_dw else None
     x_s, dy_s = next(it), next(it)
     dh_s = next(it) if fused else None
-    w_s = next(it) if has_weight and plan.weight_in_smem else None
-    part_s = next(it) if plan.cluster > 1 else None
-    bars = next(it)
-    wbar = next(it) if w_s is not None else None
-    cbar = next(it) if plan.cluster > 1 else None
+    cta = _Cta(plan, it, w_g)
+    w_s, part_s, bars, cbar, st, chunks, j, col0 = (cta.w_s, cta.part_s, cta.bars, cta.cbar, cta.st, cta.chunks,
+                                                    cta.j, cta.col0)
+    pid = cta.pid
     dt = dy_g.dtype
-    pid = lax.axis_index("p")
-    j = lax.axis_index("c") if plan.cluster > 1 else 0
-    col0 = j * plan.width
-    st = _Staging(plan, pid, col0)
-    chunks = plan.chunks()
-    if w_s is not None:
-        plgpu.copy_gmem_to_smem(w_g.at[pl.ds(col0, plan.width)], w_s, wbar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
-        plgpu.barrier_wait(wbar)
-
-    def load(ref, s, r, off, size):
-        return plgpu.load(ref.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
+    load = _row
 
     def grad_scale(s, r, off, size):
         w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)

@@ -131,8 +131,8 @@ def test_torch_bridge_loads_no_tools_bench_or_tests():
 
 
 def test_private_jax_internals_stay_in_compat():
-    """Only pallas_norm/compat.py names ``jax._src``, and XLA (JAX) and Triton (torch) users never reach it; the
-    launch route's reader does (the control: the same probe sees a use)."""
+    """Only pallas_norm/compat.py names ``jax._src``, and XLA and Mosaic-interpreter (JAX) and Triton (torch) users
+    never reach it; the launch route's reader does (the control: the same probe sees a use)."""
     mentions = [p.relative_to(ROOT) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
                 if "jax._src" in p.read_text() and p.name != "compat.py"]
     assert mentions == []
@@ -145,6 +145,7 @@ def test_private_jax_internals_stay_in_compat():
         import pallas_norm as pn, torch_bridge
         from pallas_norm import compat
         pn.rms_norm(jnp.ones((2, 8)), impl="xla")
+        pn.rms_norm(jnp.ones((2, 128)), impl="mosaic_interpret")
         x = torch.ones(2, 8, requires_grad=True)
         torch_bridge.rms_norm(x, backend="triton").sum().backward()
         before = sorted(compat.touched())
