@@ -17,8 +17,8 @@ from .pallas_config import Config
 from .semantics import CASTINGS
 from .xla import rms_norm_reference
 
-__all__ = ["CASTINGS", "Config", "IMPLS", "MosaicConfig", "rms_norm", "rms_norm_add", "rms_norm_reference", "rms_norm_with_rstd",
-           "nnx"]
+__all__ = ["CASTINGS", "Config", "IMPLS", "MosaicConfig", "rms_norm", "rms_norm_add", "rms_norm_reference",
+           "rms_norm_with_rstd", "nnx"]
 __version__ = "0.2.0"  # the one version string (pyproject.toml reads it; `pallas-norm --version` prints it)
 
 

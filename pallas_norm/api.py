@@ -84,9 +84,9 @@ def rms_norm(
     interpreter, on any backend), ``"mosaic"`` (the Mosaic GPU kernels: Hopper GPUs; rows up to 65536 columns in
     the backward) or ``"mosaic_interpret"`` (those run by Mosaic GPU's interpreter). ``config``/``bwd_config``
     force the kernels' tiling for the forward and the backward (``pallas_norm.pallas_config.Config``, or
-    ``pallas_norm.mosaic_config.MosaicConfig`` for the Mosaic kernels; None: the heuristic). Differentiable (custom VJP: ``dx``
-    and float32-accumulated, deterministic ``dweight``), and works under ``jit``, ``vmap`` and
-    ``jax.checkpoint``. The cotangent is never written.
+    ``pallas_norm.mosaic_config.MosaicConfig`` for the Mosaic kernels; None: the heuristic). Differentiable
+    (custom VJP: ``dx`` and float32-accumulated, deterministic ``dweight``), and works under ``jit``, ``vmap``
+    and ``jax.checkpoint``. The cotangent is never written.
 
     Sharded ``x`` (``pallas_norm/sharding.py``): rows (leading axes) may be sharded over mesh axes; each device
     normalises its own rows, nothing is gathered, ``y``/``dx`` keep ``x``'s sharding and ``dweight`` is summed

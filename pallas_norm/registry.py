@@ -7,7 +7,7 @@ for tables and plots only. Framework-free (no JAX, no torch): the PyTorch side r
 =================  =====  ======================================================================================
 name               stack  what runs
 =================  =====  ======================================================================================
-``auto``           jax    per direction and shape the faster compiled lowering (``auto.py``): what ``impl=None`` runs on GPU
+``auto``           jax    per direction and shape the faster compiled lowering (``auto.py``): ``impl=None`` on a GPU
 ``pallas``         jax    the Pallas kernels, compiled (GPU)
 ``interpret``      jax    the Pallas kernels run by Pallas's interpreter (any backend; CPU tests)
 ``xla``            jax    the same row math as plain ``jax.numpy`` compiled by XLA

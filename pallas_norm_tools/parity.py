@@ -13,8 +13,8 @@ It checks:
 
 * every implementation meets ``pallas_norm.accuracy``'s rule (error bound and rounding points); ``hf`` (a
   peer, not ours) must keep the rounding points only, which ties the modes to HF's formulas;
-* an implementation with ``same_bits_as`` in the registry (``pallas_dlpack``, ``pallas_launch``) is bit-identical to the JAX kernel
-  ``impl=None`` runs on the device (``auto``; ``interpret`` on CPU);
+* an implementation with ``same_bits_as`` in the registry (``pallas_dlpack``, ``pallas_launch``) is bit-identical to the
+  JAX kernel ``impl=None`` runs on the device (``auto``; ``interpret`` on CPU);
 * ``triton`` is within the accuracy bound of that JAX kernel: different kernels with the same rounding points,
   whose float32 row sums and ``dweight`` reduction add in another order.
 """
