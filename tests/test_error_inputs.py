@@ -102,7 +102,7 @@ ERROR_INPUTS = [
     case("jax offset without weight", jax_call(weight=None, offset=1.0), ValueError, "offset must be 0.0 when weight"),
     case("jax casting unknown", jax_call(casting="mistral"), ValueError, r"casting must be one of \('llama'"),
     case("jax casting not str", jax_call(casting=1), TypeError, "casting must be one of"),
-    case("jax impl unknown", jax_call(impl="cuda"), ValueError, r"impl must be None or one of \('pallas'"),
+    case("jax impl unknown", jax_call(impl="cuda"), ValueError, r"impl must be None or one of \('auto', 'pallas'"),
     # pallas_norm.nnx.RMSNorm
     case("nnx num_features 0", nnx_call(num_features=0), ValueError, "num_features must be a positive int, got 0"),
     case("nnx num_features bool", nnx_call(num_features=True), ValueError, "num_features must be a positive int"),
