@@ -36,49 +36,44 @@ def _kernel(body, plan: Plan, out_type, scratch, name: str, interpret: bool):
                         interpret=backend.mosaic_interpret(interpret), kernel_name=name, **cluster)
 
 
-def _sync_scratch(plan: Plan, copies: int):
+def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, loaded: int, *, backward: bool,
+                      interpret: bool) -> tuple[Plan, tuple]:
+    """The fitted plan, and the scratch in the order the kernels take it (``mosaic_kernels._Cta``): a staging
+    buffer per row dtype, ``[w_s], [part_s], bars, [wbar], [cbar]``; ``loaded``: the buffers filled by TMA."""
     plgpu = backend.mosaic()
-    out = [plgpu.Barrier(num_arrivals=copies, num_barriers=plan.stages)]
-    return out
-
-
-def _cluster_scratch(plan: Plan):
-    plgpu = backend.mosaic()
-    if plan.cluster == 1:
-        return [], []
-    return ([plgpu.SMEM((2, plan.block_rows, plan.cluster), F32)],
-            [plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2)])
+    plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
+                             weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
+                             widest=max(_itemsize(*row_dtypes)), backward=backward, interpret=interpret)
+    staged_weight = weight_dtype is not None and plan.weight_in_smem
+    copies = loaded * (1 if plan.cluster == 1 else plan.block_rows)  # a copy per buffer, or per row's share
+    clustered = plan.cluster > 1
+    scratch = [plgpu.SMEM((plan.stages, plan.block_rows, plan.width), d) for d in row_dtypes]
+    scratch += [plgpu.SMEM((plan.width,), weight_dtype)] * staged_weight
+    scratch += [plgpu.SMEM((2, plan.block_rows, plan.cluster), F32)] * clustered
+    scratch += [plgpu.Barrier(num_arrivals=copies, num_barriers=plan.stages)]
+    scratch += [plgpu.Barrier(num_arrivals=1)] * staged_weight
+    scratch += [plgpu.ClusterBarrier(collective_axes=("c",), num_barriers=2)] * clustered
+    return plan, tuple(scratch)
 
 
 def forward_kernel(m: int, n: int, x_dtype, weight_dtype, *, eps: float, offset: float, casting: str,
                    config: MosaicConfig | None, interpret: bool, residual_dtype=None, h_dtype=None):
     """``(kernel, plan)``: the forward's Mosaic kernel for ``(m, n)`` rows, called on the rows padded to
     ``plan.n_pad`` columns (``x, [residual], [weight]``), returning ``y, [h]`` (padded) and ``rstd`` ``(m,)``."""
-    plgpu = backend.mosaic()
     fused = residual_dtype is not None
     hdt = jnp.dtype(h_dtype if fused else x_dtype)
     split_h = fused and jnp.dtype(residual_dtype) != hdt
     split_y = jnp.dtype(x_dtype) != hdt
     row_dtypes = [x_dtype] + ([residual_dtype] if fused else []) + [hdt] * (split_h + split_y)
-    plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
-                             weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
-                             widest=max(_itemsize(*row_dtypes)), backward=False, interpret=interpret)
+    plan, scratch = _plan_and_scratch(config, m, n, row_dtypes, weight_dtype, 1 + fused, backward=False,
+                                      interpret=interpret)
     has_weight = weight_dtype is not None
-    scratch = [plgpu.SMEM((plan.stages, plan.block_rows, plan.width), d) for d in row_dtypes]
-    if has_weight and plan.weight_in_smem:
-        scratch.append(plgpu.SMEM((plan.width,), weight_dtype))
-    part, cbar = _cluster_scratch(plan)
-    scratch += part
-    scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * (1 + fused))
-    if has_weight and plan.weight_in_smem:
-        scratch.append(plgpu.Barrier(num_arrivals=1))
-    scratch += cbar
     out_rows = jax.ShapeDtypeStruct((m, plan.n_pad), hdt)
     out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((m,), F32))
     body = functools.partial(_fwd_kernel, plan=plan, eps=eps, offset=offset, casting=casting,
                              has_weight=has_weight, fused=fused, split_h=split_h, split_y=split_y)
     name = "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd"
-    return _kernel(body, plan, out_type, tuple(scratch), name, interpret), plan
+    return _kernel(body, plan, out_type, scratch, name, interpret), plan
 
 
 def forward(x, weight, *, eps: float, offset: float, casting: str, config: MosaicConfig | None, interpret: bool,
@@ -98,26 +93,14 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Mosaic
              need_dx: bool = True, need_dw: bool = True, dh_out=None):
     """``(dx, dweight)`` for 2-D ``x``/``dy`` (``None`` for what is not needed); ``dy`` is only read. With
     ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``."""
-    plgpu = backend.mosaic()
     m, n = x.shape
     need_dw = need_dw and weight is not None
     if not (need_dx or need_dw):
         return None, None
     fused = dh_out is not None and need_dx
     row_dtypes = [x.dtype, dy.dtype] + ([dh_out.dtype] if fused else [])
-    plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
-                             weight_bytes=0 if weight is None else weight.dtype.itemsize,
-                             widest=max(_itemsize(*row_dtypes)), backward=True, interpret=interpret)
-    rows = (plan.stages, plan.block_rows, plan.width)
-    scratch = [plgpu.SMEM(rows, d) for d in row_dtypes]
-    if weight is not None and plan.weight_in_smem:
-        scratch.append(plgpu.SMEM((plan.width,), weight.dtype))
-    part, cbar = _cluster_scratch(plan)
-    scratch += part
-    scratch += _sync_scratch(plan, (1 if plan.cluster == 1 else plan.block_rows) * len(row_dtypes))
-    if weight is not None and plan.weight_in_smem:
-        scratch.append(plgpu.Barrier(num_arrivals=1))
-    scratch += cbar
+    plan, scratch = _plan_and_scratch(config, m, n, row_dtypes, None if weight is None else weight.dtype,
+                                      len(row_dtypes), backward=True, interpret=interpret)
     out_type = []
     if need_dx:
         out_type.append(jax.ShapeDtypeStruct((m, plan.n_pad), x.dtype))
@@ -126,7 +109,7 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Mosaic
     body = functools.partial(_bwd_kernel, plan=plan, offset=offset, casting=casting, has_weight=weight is not None,
                              need_dx=need_dx, need_dw=need_dw, fused=fused)
     args = [_pad_cols(a, plan.n_pad) for a in (x, weight, dy, dh_out if fused else None) if a is not None]
-    outs = list(_kernel(body, plan, tuple(out_type), tuple(scratch),
+    outs = list(_kernel(body, plan, tuple(out_type), scratch,
                         "mosaic_norm_add_bwd" if fused else "mosaic_norm_bwd", interpret)(*args, rstd))
     dx = outs.pop(0) if need_dx else None
     if dx is not None and plan.n_pad != n:

@@ -70,9 +70,6 @@ class _Staging:
         return [(gmem.at[pl.ds(self.row0(t) + r, 1), pl.ds(self.col0, p.width)], smem.at[s, pl.ds(r, 1)])
                 for r in range(p.block_rows)]
 
-    def copies_per_block(self, buffers: int) -> int:
-        return buffers * (1 if self.plan.cluster == 1 else self.plan.block_rows)
-
     def load(self, t, pairs, bars):
         plgpu = backend.mosaic()
         for gmem, smem in pairs:
@@ -117,13 +114,16 @@ def _pl():
     return pl
 
 
-def _cluster_sum(plan: Plan, part_s, cbar, parity, rows: int):
-    """Exchange per-row partial sums in the cluster: each CTA has written its own slot ``part_s[parity, r, j]``;
-    all arrive and wait, then each reads every CTA's slot in cluster order (the same sum everywhere). The
-    warpgroup barrier first orders the slot's store before the arrival (another thread of the warpgroup signals
-    the peers' barriers). A slot is rewritten two blocks later, after every CTA has passed the next block's
-    barrier, hence after every read of it."""
+def _cluster_sum(plan: Plan, cta: "_Cta", parity, partial_of):
+    """Every row's sum over the cluster: each CTA writes ``partial_of(r)`` (its share's) to its own slot
+    ``part_s[parity, r, j]``; all arrive and wait, then each reads every CTA's slot in cluster order (the same sum
+    everywhere). The warpgroup barrier first orders the slots' stores before the arrival (another thread of the
+    warpgroup signals the peers' barriers). A slot is rewritten two blocks later, after every CTA has passed the
+    next block's barrier, hence after every read of it."""
     plgpu = backend.mosaic()
+    part_s, cbar, rows = cta.part_s, cta.cbar, plan.block_rows
+    for r in range(rows):
+        part_s[parity, r, cta.j] = partial_of(r)
     plgpu.commit_smem()
     plgpu.barrier_arrive(cbar.at[parity])
     plgpu.barrier_wait(cbar.at[parity])
@@ -191,8 +191,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     h_s = (next(it) if split_h else res_s) if fused else x_s
     y_s = next(it) if split_y else x_s
     cta = _Cta(plan, it, w_g)
-    w_s, part_s, bars, cbar, st, chunks, j, col0 = (cta.w_s, cta.part_s, cta.bars, cta.cbar, cta.st, cta.chunks,
-                                                    cta.j, cta.col0)
+    w_s, bars, st, chunks, j, col0 = cta.w_s, cta.bars, cta.st, cta.chunks, cta.j, cta.col0
     dt = y_g.dtype
 
     def row_values(s, r, off, size):
@@ -227,10 +226,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
                 normalise(s, r, rstd)
                 rstd_g[st.row0(t) + r] = rstd
         else:
-            parity = t % 2
-            for r in range(plan.block_rows):
-                part_s[parity, r, j] = sumsq(s, r)
-            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows)
+            totals = _cluster_sum(plan, cta, t % 2, lambda r: sumsq(s, r))
             for r in range(plan.block_rows):
                 rstd = rstd_of(totals[r])
 
@@ -271,9 +267,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     x_s, dy_s = next(it), next(it)
     dh_s = next(it) if fused else None
     cta = _Cta(plan, it, w_g)
-    w_s, part_s, bars, cbar, st, chunks, j, col0 = (cta.w_s, cta.part_s, cta.bars, cta.cbar, cta.st, cta.chunks,
-                                                    cta.j, cta.col0)
-    pid = cta.pid
+    w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
     dt = dy_g.dtype
     load = _row
 
@@ -306,10 +300,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         if plan.cluster == 1:
             dw = lax.fori_loop(0, valid, lambda r, acc: row_grads(s, r, rstd_g[base + r], sum_gx(s, r), acc), dw)
         else:
-            parity = t % 2
-            for r in range(plan.block_rows):
-                part_s[parity, r, j] = sum_gx(s, r)
-            totals = _cluster_sum(plan, part_s, cbar, parity, plan.block_rows)
+            totals = _cluster_sum(plan, cta, t % 2, lambda r: sum_gx(s, r))
             for r in range(plan.block_rows):
                 dw = lax.cond(r < valid, lambda acc: row_grads(s, r, rstd_g[base + r], totals[r], acc),
                               lambda acc: acc, dw)

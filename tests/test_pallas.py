@@ -14,9 +14,12 @@ import pallas_norm as pn
 from pallas_norm import pallas_config
 from pallas_norm.pallas_config import Config
 
-from helpers import JAX_DTYPES, check_jax, jax_inputs, jax_vjp
+from helpers import GPU_KERNELS, JAX_DTYPES, ON_HOPPER, check_jax, jax_inputs, jax_vjp
 
 CONFIGS = list(itertools.product(JAX_DTYPES, pn.CASTINGS, (0.0, 1.0)))
+# both lowerings' compiled kernels, for the GPU tests that hold each to the same contract
+GPU_IMPLS = [pytest.param(i, marks=pytest.mark.skipif(i == "mosaic" and not ON_HOPPER, reason="needs a Hopper GPU"))
+             for i in GPU_KERNELS]
 
 
 def check_against_reference(x, w, dy, **kw):
@@ -187,17 +190,19 @@ def test_gpu_large_shapes(m, n, casting, offset):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", GPU_IMPLS)
 @pytest.mark.parametrize("config", CONFIGS)
-def test_gpu_matrix(config):
+def test_gpu_matrix(config, impl):
     dtype, casting, offset = config
     x, w, dy = jax_inputs((257, 3000), dtype, offset, seed=1)
-    check_jax(x, w, dy, "pallas", offset=offset, casting=casting)
+    check_jax(x, w, dy, impl, offset=offset, casting=casting)
 
 
 @pytest.mark.gpu
-def test_gpu_dweight_bitwise_reproducible():
+@pytest.mark.parametrize("impl", GPU_IMPLS)
+def test_gpu_dweight_bitwise_reproducible(impl):
     x, w, dy = jax_inputs((32768, 4096), jnp.bfloat16, 0.0, seed=2, weight_dtype=jnp.float32)
-    grad = jax.jit(jax.grad(lambda w: jnp.sum(pn.rms_norm(x, w, impl="pallas").astype(jnp.float32) * dy)))
+    grad = jax.jit(jax.grad(lambda w: jnp.sum(pn.rms_norm(x, w, impl=impl).astype(jnp.float32) * dy)))
     first = np.asarray(grad(w))
     for _ in range(5):
         np.testing.assert_array_equal(np.asarray(grad(w)), first)

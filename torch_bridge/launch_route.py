@@ -17,6 +17,7 @@ raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (s
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -173,8 +174,6 @@ class MosaicKernel:
     lifetime, like the Triton binaries."""
 
     def __init__(self, module: bytes, name: str):
-        import ctypes
-
         compile_fn, _ = compat.mosaic_runtime()
         torch.cuda.init()  # the runtime compiles into the current CUDA context
         handle = compile_fn(ctypes.c_char_p(module), ctypes.c_int(len(module)))
@@ -186,13 +185,14 @@ class MosaicKernel:
             handle[1])
 
     def bind(self, grid, threads) -> Callable[[int, list[int]], None]:
-        """``go(stream, pointers)`` (``grid``/``threads`` are the module's own: ignored)."""
-        import ctypes
-
-        function, launch = self._function, self._launch
+        """``go(stream, pointers)`` (``grid``/``threads`` are the module's own: ignored). A call fills a pointer
+        array whose type is made once per count."""
+        function, launch, arrays = self._function, self._launch, {}
 
         def go(stream: int, pointers: list[int]) -> None:
-            launch(function, stream, (ctypes.c_void_p * len(pointers))(*pointers))
+            n = len(pointers)
+            array = arrays.get(n) or arrays.setdefault(n, ctypes.c_void_p * n)
+            launch(function, stream, array(*pointers))
 
         return go
 
