@@ -2,7 +2,7 @@
 
     python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b] [--no-small]
                             [--out DIR]
-    python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--out DIR]
+    python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--out DIR]
     python -m bench fused [--quick] [--out DIR]
@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--quick", action="store_true", help="a few shapes (and configs) instead of the full grid")
         s.add_argument("--shapes", type=_shapes, default=None, help="comma-separated MxN (overrides --quick)")
         s.add_argument("--out", default="bench/results")
+        if name == "sweep":
+            s.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=None,
+                           help="comma-separated: pallas (Triton lowering), mosaic, triton (default: all)")
         if name == "suite":
             s.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
             s.add_argument("--providers", type=lambda t: tuple(t.split(",")), default=None,
@@ -142,9 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweep":
         from bench import sweep
 
+        kernels = args.kernels or sweep.KERNELS
+        unknown = set(kernels) - set(sweep.KERNELS)
+        if unknown:
+            print(f"python -m bench sweep: --kernels takes {', '.join(sweep.KERNELS)}, got {sorted(unknown)}",
+                  file=sys.stderr)
+            return 2
         result = sweep.run(args.shapes or (sweep.QUICK_SHAPES if args.quick else sweep.SHAPES), args.dtype,
-                           args.casting, args.quick)
-        return _write(sweep, result, out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}")
+                           args.casting, args.quick, kernels)
+        tag = "" if args.kernels is None else "_" + "_".join(kernels)
+        return _write(sweep, result,
+                      out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}{tag}")
     from bench import suite
 
     shapes = args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)

@@ -1,7 +1,8 @@
-"""``python -m bench sweep``: our kernels (the Pallas kernels and the Triton reference) under alternative tilings.
+"""``python -m bench sweep``: our kernels (the Pallas kernels on both lowerings and the Triton reference) under
+alternative tilings.
 
-Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` through the cached JAX
-functions (``api.forward_fn``/``backward_fn``, compiled by XLA and launched from torch by ``launch_route``, so both
+Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` (Triton lowering) or
+``mosaic_config.MosaicConfig`` (Mosaic GPU) through the cached JAX functions (``api.forward_fn``/``backward_fn``, compiled by XLA and launched from torch by ``launch_route``, so both
 kernel families are timed the same way, by ``triton.testing.do_bench``), ``triton_config.Config`` to
 ``triton_kernels``. The heuristic's config is timed first at every shape; the table marks the fastest per kernel,
 direction and shape, so a heuristic change can cite the sweep that justifies it.
@@ -15,12 +16,13 @@ import itertools
 import torch
 
 from bench import timing
-from pallas_norm import backend, pallas_config
+from pallas_norm import backend, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
 SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 4096), (32768, 5120), (32768, 8192),
           (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
+KERNELS = ("pallas", "mosaic", "triton")
 
 
 def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_config.Config | None]:
@@ -51,6 +53,39 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
                      and c.block_rows * c.block_cols <= 32768]
 
 
+def mosaic_configs(m: int, n: int, itemsize: int, backward: bool, quick: bool) -> list[mosaic_config.MosaicConfig | None]:
+    """The heuristic's config (None) and alternatives around it: stages × co-resident CTAs (and rows per block
+    around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows. Configs
+    that ``fit`` shrinks to the same plan are timed once."""
+    base = mosaic_config.heuristic(m, n, backward=backward)
+    if base.cluster is None and n <= mosaic_config.ALIGN * 128:
+        grid = [dict(stages=s, programs_per_sm=p) for s, p in itertools.product(
+            (2, 3) if quick else (2, 3, 4), (1, 2) if quick else (1, 2, 3, 4))]
+        grid += [] if quick else [dict(block_rows=r, programs_per_sm=p) for r, p in itertools.product(
+            {max(1, base.block_rows // 2), 2 * base.block_rows} - {base.block_rows}, (2, 4))]
+    else:
+        grid = [dict(cluster=c, programs_per_sm=p, stages=s) for c, p, s in itertools.product(
+            (2, 4, 8), (1, 2) if quick else (1, 2, 4), (2,) if quick else (2, 3))]
+    rows = itemsize * (2 if backward else 1)
+    plans, out = {None}, [None]
+    plans.add(_mosaic_plan(None, m, n, rows, itemsize, backward))
+    for g in grid:
+        cfg = dataclasses.replace(base, **g)
+        plan = _mosaic_plan(cfg, m, n, rows, itemsize, backward)
+        if plan not in plans:
+            plans.add(plan)
+            out.append(cfg)
+    return out
+
+
+def _mosaic_plan(cfg, m: int, n: int, row_bytes: int, itemsize: int, backward: bool) -> mosaic_config.Plan | None:
+    try:
+        return mosaic_config.fit(cfg, m, n, row_bytes=row_bytes, weight_bytes=itemsize, widest=itemsize,
+                                 backward=backward)
+    except mosaic_config.Unsupported:
+        return None
+
+
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
     base = (triton_config.backward_config if backward else triton_config.forward_config)(n)
     if not base.chunked(n):
@@ -66,24 +101,36 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
     return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
 
 
-def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool) -> list[dict]:
+def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas") -> list[dict]:
     """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
-    are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver."""
+    are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver
+    (Triton lowering). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``."""
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     dev = x.get_device()
     rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
     rows = []
     for backward in (False, True):
-        for cfg in pallas_configs(m, n, backward, quick):
-            if backward:
-                launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
-                call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
-            else:
-                launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev, cfg)
-                call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
-            row = _row("pallas", backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+        configs = (pallas_configs(m, n, backward, quick) if kernel == "pallas" else
+                   mosaic_configs(m, n, x.element_size(), backward, quick))
+        for cfg in configs:
+            if kernel == "mosaic" and cfg is None:
+                cfg = mosaic_config.heuristic(m, n, backward=backward)
+            try:
+                if backward:
+                    launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
+                    call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
+                else:
+                    launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev,
+                                                             cfg)
+                    call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
+                row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+            except Exception as err:  # noqa: BLE001  (a config this shape cannot take: recorded, the sweep goes on)
+                rows.append(dict(kernel=kernel, mode="bwd" if backward else "fwd", m=m, n=n, config=repr(cfg),
+                                 error=f"{type(err).__name__}: {str(err)[:160]}"))
+                continue
             main = launcher.kernels[-2 if backward else 0]  # the backward's last kernel sums dweight
-            row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
+            if hasattr(main, "registers"):
+                row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
             rows.append(row)
     return rows
 
@@ -105,7 +152,9 @@ def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool) -> list[dict]
 
 def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: float) -> dict:
     mode = "bwd" if backward else "fwd"
-    if cfg is None:
+    if kernel == "mosaic" and cfg == mosaic_config.heuristic(m, n, backward=backward):
+        name = f"heuristic: {cfg!r}"
+    elif cfg is None:
         heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
                      (triton_config.backward_config if backward else triton_config.forward_config)(n))
         name = f"heuristic: {heuristic!r}"
@@ -115,12 +164,14 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
                 tbps=timing.tbps(mode, m, n, itemsize, sec))
 
 
-def run(shapes, dtype: str, casting: str, quick: bool) -> dict:
+def run(shapes, dtype: str, casting: str, quick: bool, kernels: tuple[str, ...] = KERNELS) -> dict:
     tdt = getattr(torch, dtype)
     copy = timing.copy_tbps()
     rows = []
     for m, n in shapes:
-        rows += _pallas_rows(m, n, tdt, casting, quick) + _triton_rows(m, n, tdt, casting, quick)
+        for kernel in kernels:
+            rows += (_triton_rows(m, n, tdt, casting, quick) if kernel == "triton" else
+                     _pallas_rows(m, n, tdt, casting, quick, kernel))
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows)
 
@@ -133,8 +184,13 @@ def markdown(result: dict) -> str:
            "| kernel | mode | M×N | config | µs | TB/s | % of copy | main kernel |", "|---|---|---|---|---|---|---|---|"]
     for key, group in itertools.groupby(rows, key=lambda r: (r["kernel"], r["mode"], r["m"], r["n"])):
         group = list(group)
-        best = max(group, key=lambda r: r["tbps"])
+        timed = [r for r in group if "tbps" in r]
+        best = max(timed, key=lambda r: r["tbps"]) if timed else None
         for r in group:
+            if "tbps" not in r:
+                out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']} | – | – | – | "
+                           f"{r['error']} |")
+                continue
             out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']}{' ★' if r is best else ''}"
                        f" | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / env['copy_tbps']:.0f}% |"
                        f" {r.get('resources', '')} |")
