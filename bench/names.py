@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pallas_norm import registry
 
-JAX_OURS = ("pallas", "mosaic")  # our JAX kernels (timed through JAX)
+JAX_OURS = ("auto", "pallas", "mosaic")  # our JAX kernels (timed through JAX); "auto" is impl=None on a GPU
 TORCH_OURS = ("pallas_launch", "pallas_dlpack", "triton")  # our torch backends (timed through torch)
 OURS = JAX_OURS + TORCH_OURS
 PEER_LABELS = {"torch_native": "torch F.rms_norm", "hf_eager": "HF formula, eager",

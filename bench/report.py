@@ -11,7 +11,8 @@ import pathlib
 
 from bench.names import OURS, TORCH_OURS, label
 
-# Fractions of the same run's copy bandwidth that Pallas in JAX must reach.
+# Fractions of the same run's copy bandwidth that the JAX default (``impl=None``: "auto", or "pallas" in runs
+# made before it existed) must reach.
 TARGETS = (("fwd", lambda n: n <= 16384, 0.95, "N ≤ 16384"), ("bwd", lambda n: n <= 16384, 0.90, "N ≤ 16384"),
            ("fwd", lambda n: n >= 32768, 0.85, "N ≥ 32768"), ("bwd", lambda n: n >= 32768, 0.85, "N ≥ 32768"),
            ("fwd", lambda n: True, 0.80, "every shape"), ("bwd", lambda n: True, 0.80, "every shape"))
@@ -98,14 +99,16 @@ def best_peer(idx: dict, provs: list[str], mode: str, m: int, n: int) -> tuple[s
 
 
 def targets(result: dict) -> list[str]:
-    """The targets, each with its measured value and a ✓/✗, for Pallas in JAX (and our torch backends)."""
+    """The targets, each with its measured value and a ✓/✗, for the JAX default (and our torch backends)."""
     env, rows = result["env"], result["rows"]
     copy, idx = env["copy_tbps"], index(rows)
     shapes = _shapes(rows)
     provs = list(dict.fromkeys(r["provider"] for r in rows))
-    lines = ["## Targets (Pallas in JAX unless named)", "", "| target | measured | met |", "|---|---|---|"]
+    main = "auto" if "auto" in provs else "pallas"
+    lines = [f"## Targets ({label(main)}, `impl={'None' if main == 'auto' else repr(main)}`, unless named)", "",
+             "| target | measured | met |", "|---|---|---|"]
     for mode, where, frac, text in TARGETS:
-        vals = [(m, n, idx.get(("pallas", mode, m, n, False), {})) for m, n in shapes if where(n)]
+        vals = [(m, n, idx.get((main, mode, m, n, False), {})) for m, n in shapes if where(n)]
         vals = [(m, n, r["tbps"], pct(r, copy)) for m, n, r in vals if "tbps" in r]
         if vals:
             m, n, tbps, share = min(vals, key=lambda t: t[3])
@@ -114,7 +117,7 @@ def targets(result: dict) -> list[str]:
     for mode in ("fwd", "bwd", "fwd+bwd"):
         behind = []
         for m, n in shapes:
-            ours, peer = idx.get(("pallas", mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
+            ours, peer = idx.get((main, mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
             if "tbps" in ours and peer and ours["tbps"] < peer[1]:
                 behind.append(f"{m}×{n} ({label(peer[0])} {peer[1]:.2f} vs {ours['tbps']:.2f})")
         lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(behind)}/{len(shapes)}"
