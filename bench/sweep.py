@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 
 import torch
 
@@ -60,9 +61,9 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool, quick: bool) -
     base = mosaic_config.heuristic(m, n, backward=backward)
     if base.cluster is None and n <= mosaic_config.ALIGN * 128:
         grid = [dict(stages=s, programs_per_sm=p) for s, p in itertools.product(
-            (2, 3) if quick else (2, 3, 4), (1, 2) if quick else (1, 2, 3, 4))]
+            (2, 3) if quick else (2, 3, 4), (2, 4) if quick else (1, 2, 3, 4, 6, 8))]
         grid += [] if quick else [dict(block_rows=r, programs_per_sm=p) for r, p in itertools.product(
-            {max(1, base.block_rows // 2), 2 * base.block_rows} - {base.block_rows}, (2, 4))]
+            {max(1, base.block_rows // 2), 2 * base.block_rows} - {base.block_rows}, (2, 4, 8))]
     else:
         grid = [dict(cluster=c, programs_per_sm=p, stages=s) for c, p, s in itertools.product(
             (2, 4, 8), (1, 2) if quick else (1, 2, 4), (2,) if quick else (2, 3))]
@@ -124,10 +125,16 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
                                                              cfg)
                     call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
                 row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+            except torch.AcceleratorError:  # the CUDA context is lost: nothing after this can run
+                print(f"sweep: {kernel} {m}x{n} {'bwd' if backward else 'fwd'} {cfg!r} broke the CUDA context",
+                      file=sys.stderr, flush=True)
+                raise
             except Exception as err:  # noqa: BLE001  (a config this shape cannot take: recorded, the sweep goes on)
                 rows.append(dict(kernel=kernel, mode="bwd" if backward else "fwd", m=m, n=n, config=repr(cfg),
                                  error=f"{type(err).__name__}: {str(err)[:160]}"))
                 continue
+            print(f"sweep: {kernel} {m}x{n} {row['mode']} {row['config']}: {row['tbps']:.2f} TB/s", file=sys.stderr,
+                  flush=True)
             main = launcher.kernels[-2 if backward else 0]  # the backward's last kernel sums dweight
             if hasattr(main, "registers"):
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"

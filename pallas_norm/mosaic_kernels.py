@@ -136,6 +136,19 @@ def _cluster_sum(plan: Plan, cta: "_Cta", parity, partial_of):
     return out
 
 
+def _cluster_exit(plan: Plan, cta: "_Cta") -> None:
+    """In a cluster, a CTA leaves only once every peer has arrived after its last block: the peers read its slots of
+    that block through distributed shared memory, and shared memory of an exited CTA may not be read (it failed with
+    "unspecified launch failure" on the H100: 8192×32768, cluster 4, 2 CTAs per SM). The barrier after the last
+    block's is ``count % 2`` (blocks alternate between the two)."""
+    if plan.cluster == 1:
+        return
+    plgpu = backend.mosaic()
+    parity = cta.st.count % 2
+    plgpu.barrier_arrive(cta.cbar.at[parity])
+    plgpu.barrier_wait(cta.cbar.at[parity])
+
+
 def _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
     """``w_eff`` of one chunk (float32), from the staged slice or global memory (None without a weight)."""
     if w_g is None:
@@ -243,6 +256,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
 
     loads = [(x_g, x_s)] + ([(res_g, res_s)] if fused else [])
     st.pipeline(loads, bars, step, 0)
+    _cluster_exit(plan, cta)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -312,6 +326,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     zeros = tuple(plgpu.layout_cast(jnp.zeros((size,), F32), _layout(size)) for _, size in chunks)
     loads = [(x_g, x_s), (dy_g, dy_s)] + ([(dh_g, dh_s)] if fused and need_dx else [])
     dw = st.pipeline(loads, bars, step, zeros)
+    _cluster_exit(plan, cta)
     if need_dw:
         for (off, size), acc in zip(chunks, dw):
             dwp_g[pid, pl.ds(col0 + off, size)] = acc

@@ -156,6 +156,42 @@ def test_gpu_clusters_are_race_free():
             np.testing.assert_array_equal(np.asarray(a), b)
 
 
+EXIT_RACE = r"""
+import sys, jax, jax.numpy as jnp
+import pallas_norm as pn
+from pallas_norm import mosaic_kernels
+if sys.argv[1] == "broken":
+    mosaic_kernels._cluster_exit = lambda plan, cta: None
+config = pn.MosaicConfig(stages=3, cluster=4, programs_per_sm=2)
+x = jax.random.normal(jax.random.key(0), (8192, 32768), jnp.bfloat16)
+w = jax.random.normal(jax.random.key(1), (32768,), jnp.bfloat16)
+f = jax.jit(lambda x, w: pn.rms_norm(x, w, impl="mosaic", config=config))
+first = f(x, w)
+outs = [f(x, w) for _ in range(200)]
+assert all(bool((o == first).all()) for o in outs[::20])
+"""
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("variant", ["kernel", "broken"])
+def test_gpu_cluster_ctas_outlive_peer_reads(variant):
+    """A CTA of a cluster exits only after its peers have read its last block's partial sums (distributed shared
+    memory of an exited CTA may not be read). Without the exit barrier (the broken variant) this launch failed
+    on the H100 ("unspecified launch failure", which ends the process: hence a subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    run = subprocess.run([sys.executable, "-c", EXIT_RACE, variant], capture_output=True, text=True, env=env,
+                         timeout=300)
+    if variant == "kernel":
+        assert run.returncode == 0, run.stderr[-2000:]
+    else:
+        assert run.returncode != 0 and "launch failure" in run.stderr
+
+
 LOWERINGS = [((37, 1536), jnp.bfloat16, None), ((515, 8192), jnp.float16, MosaicConfig(block_rows=2, cluster=2)),
              ((64, 65536), jnp.bfloat16, None), ((33000, 4096), jnp.float32, None), ((9, 1000), jnp.bfloat16, None)]
 
