@@ -139,13 +139,33 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -
     return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem)
 
 
+# Long rows (``n_pad`` > 16384), from bench/results/sweep_h100_bfloat16_llama_mosaic.md (H100, bf16): the fastest
+# (cluster, stages, CTAs per SM, weight in shared memory) per padded row length and direction. Forward: 32768 on
+# pairs (16384 columns each, 3 stages: 2.70 TB/s, the default of the time 1.94); 65536 on clusters of 8 with two
+# CTAs per SM (2.60; 1.76); 131072 with the weight read from L2 to fit two CTAs (1.82; 1.62). Backward: 32768 on
+# clusters of 8, 3 stages, two CTAs per SM (2.43; 1.51); 65536 with the weight from L2, 2 stages, as many CTAs as
+# fit (1.95; 1.54).
+LONG_ROWS = {
+    (False, 32768): (2, 3, 1, True), (False, 65536): (8, 3, 2, True), (False, 131072): (8, 2, 2, False),
+    (True, 32768): (8, 3, 2, True), (True, 65536): (8, 2, 4, False),
+}
+
+
 def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
-    """The default config for ``(m, n)``: short rows in blocks of several rows, long rows one row per block,
-    split over a cluster once a row's share would crowd out the pipeline's stages."""
+    """The default config for ``(m, n)``, from the committed sweep (``python -m bench sweep --kernels mosaic``).
+
+    Rows one CTA holds (``n_pad`` ≤ 16384): 3 stages; the forward with blocks of ``max(1, 2048 / n_pad)`` rows and
+    4 / 2 / 1 co-resident CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384 (more warpgroups in flight: 32768×2304 2.65
+    TB/s against 2.21 with two); the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to
+    8192 columns (a fourth stage won at 32768×2304 in the sweep, 2.56 against 2.34, but lost at 3584 in the suite
+    that followed: not taken). Longer rows: ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA per SM.
+    """
     n_pad = next_pow2(n)
-    if n_pad <= 4096:
-        return MosaicConfig(block_rows=max(1, 4096 // n_pad), stages=3, programs_per_sm=2)
     if n_pad <= 16384:
-        return MosaicConfig(block_rows=1, stages=3, programs_per_sm=2 if n_pad <= 8192 else 1)
-    return MosaicConfig(block_rows=1, stages=2, cluster=min(MAX_CLUSTER, n_pad // 16384) if not backward else None,
-                        programs_per_sm=1)
+        if not backward:
+            return MosaicConfig(block_rows=max(1, 2048 // n_pad), stages=3,
+                                programs_per_sm=4 if n_pad <= 4096 else 2 if n_pad <= 8192 else 1)
+        return MosaicConfig(block_rows=max(1, 4096 // n_pad), stages=3, programs_per_sm=2 if n_pad <= 8192 else 1)
+    cluster, stages, per_sm, weight_smem = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True))
+    return MosaicConfig(block_rows=1, stages=stages, cluster=cluster, programs_per_sm=per_sm,
+                        weight_in_smem=weight_smem)

@@ -167,8 +167,10 @@ x = jax.random.normal(jax.random.key(0), (8192, 32768), jnp.bfloat16)
 w = jax.random.normal(jax.random.key(1), (32768,), jnp.bfloat16)
 f = jax.jit(lambda x, w: pn.rms_norm(x, w, impl="mosaic", config=config))
 first = f(x, w)
-outs = [f(x, w) for _ in range(200)]
-assert all(bool((o == first).all()) for o in outs[::20])
+for i in range(200):
+    y = f(x, w)
+    if i % 50 == 49:
+        assert bool((y == first).all())
 """
 
 
@@ -185,7 +187,7 @@ def test_gpu_cluster_ctas_outlive_peer_reads(variant):
 
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     run = subprocess.run([sys.executable, "-c", EXIT_RACE, variant], capture_output=True, text=True, env=env,
-                         timeout=300)
+                         timeout=120)
     if variant == "kernel":
         assert run.returncode == 0, run.stderr[-2000:]
     else:
