@@ -1,16 +1,20 @@
 """``impl="auto"`` (what ``impl=None`` runs on a GPU): per direction and shape the faster of the two lowerings of
 the kernels, from the committed H100 bench, never a guess.
 
-Both lowerings timed through JAX in one run (``bench/results/mosaic_h100_bfloat16_llama.md``, H100, bf16, after the
-sweep ``sweep_h100_bfloat16_llama_mosaic.md`` retuned the Mosaic kernels' long rows): the Mosaic GPU backward reads
-x and dy once and beat the Triton lowering's at most N ≤ 65536 of the grid (e.g. 32768×16384 2.49 against 1.90 TB/s,
-8192×32768 2.29 against 1.69, 4096×65536 1.89 against 1.58; within noise or slightly behind at 32768×3584 and
-32768×8192); the Mosaic forward won only on rows split over a cluster (8192×32768 2.52 against 2.33, 4096×65536 2.43
-against 2.25) and lost on rows one CTA holds (0.88–0.98×). So, on GPUs that run Mosaic GPU (compute capability
->= 9.0) and rows that need no padding (a multiple of 128 columns): the backward (plain and fused, which must agree:
-the fused add's ``dweight`` is ``rms_norm``'s bits) on Mosaic GPU up to 65536 columns, the forward (plain and
-fused) for 16384 < N ≤ 65536; everything else on the Triton lowering (``"pallas"``), which also takes the longest
-rows (the Mosaic backward cannot hold them; its forward is slower there). A config passed for a direction picks
+Two H100 runs (bf16) timing both lowerings through JAX after the sweep ``sweep_h100_bfloat16_llama_mosaic.md``
+retuned the Mosaic kernels (``bench/results/mosaic_h100_bfloat16_llama.md`` and the suite
+``bench_h100_bfloat16_llama.md``): the Mosaic GPU backward reads x and dy once and beat the Triton lowering's at
+most N ≤ 65536 of the grid (32768×16384 2.48–2.49 against 1.82–1.90 TB/s, 8192×32768 2.26–2.29 against 1.67–1.69,
+4096×65536 1.89 against 1.58–1.70), except at N = 8192, where the Triton lowering's backward was faster in both
+(2.61–2.67 against 2.46–2.47); the Mosaic forward won only on rows split over a cluster (8192×32768 2.52–2.53
+against 2.31–2.33, 4096×65536 2.43–2.50 against 2.25–2.26) and lost on rows one CTA holds. So, on GPUs that run
+Mosaic GPU (compute capability >= 9.0) and rows that need no padding (a multiple of 128 columns): the backward
+(plain and fused, which must agree: the fused add's ``dweight`` is ``rms_norm``'s bits) on Mosaic GPU from 1024 to
+65536 columns but 8192 (per-head rows of 128 and 256 columns ran at a third and a half of the Triton lowering's
+speed on Mosaic GPU, ``bench/results/fused_h100.md``: one element per thread and a warpgroup reduction per row), the forward (plain and fused) for 16384 < N ≤ 65536; everything else on the Triton lowering
+(``"pallas"``), which also takes the longest rows (the Mosaic backward cannot hold them; its forward is slower
+there). The suite's ``auto`` column was measured before the N = 8192 exception (its "Pallas in JAX" column is what
+``auto`` runs there now). A config passed for a direction picks
 its lowering (``Config``: Triton, ``MosaicConfig``: Mosaic GPU).
 """
 
@@ -19,7 +23,8 @@ from __future__ import annotations
 from . import backend
 from .mosaic_config import MosaicConfig
 
-MOSAIC_BWD_MAX_COLS = 65536
+MOSAIC_BWD_COLS = (1024, 65536)  # the backward runs on Mosaic GPU for lo <= N <= hi
+TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
 MOSAIC_FWD_COLS = (16384, 65536)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
@@ -30,6 +35,10 @@ def lowering(backward: bool, n: int, config: object = None) -> str:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
         return "pallas"
-    lo, hi = MOSAIC_FWD_COLS
-    fits = n <= MOSAIC_BWD_MAX_COLS if backward else lo < n <= hi
-    return "mosaic" if fits else "pallas"
+    if backward:
+        lo, hi = MOSAIC_BWD_COLS
+        mosaic = lo <= n <= hi and n not in TRITON_BWD_COLS
+    else:
+        lo, hi = MOSAIC_FWD_COLS
+        mosaic = lo < n <= hi
+    return "mosaic" if mosaic else "pallas"
