@@ -120,8 +120,8 @@ def _tokamax(x, w, dy, offset, casting):
 
 
 def providers(only: tuple[str, ...] | None = None) -> list[Provider]:
-    """Ours first (``OURS``; ``mosaic`` on Hopper GPUs; ``auto`` everywhere, the Triton lowering off Hopper), then the peers that import here; ``only`` keeps those
-    names."""
+    """Ours first (``OURS``; ``mosaic`` on Hopper GPUs; ``auto`` everywhere, the Triton lowering off Hopper), then
+    the peers that import here; ``only`` keeps those names."""
     ours = [i for i in JAX_OURS if i != "mosaic" or pallas_norm.backend.mosaic_capable()]
     builds = {**{i: _jax_kernel(i) for i in ours}, **{b: _bridge(b) for b in TORCH_OURS}, "torch_native": _torch_native,
               "hf_eager": _hf_eager, "hf_compile": _hf_compiled, "xla_formula": _xla_formula}

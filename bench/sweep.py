@@ -2,10 +2,11 @@
 alternative tilings.
 
 Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` (Triton lowering) or
-``mosaic_config.MosaicConfig`` (Mosaic GPU) through the cached JAX functions (``api.forward_fn``/``backward_fn``, compiled by XLA and launched from torch by ``launch_route``, so both
-kernel families are timed the same way, by ``triton.testing.do_bench``), ``triton_config.Config`` to
-``triton_kernels``. The heuristic's config is timed first at every shape; the table marks the fastest per kernel,
-direction and shape, so a heuristic change can cite the sweep that justifies it.
+``mosaic_config.MosaicConfig`` (Mosaic GPU) through the cached JAX functions (``api.forward_fn``/``backward_fn``,
+compiled by XLA and launched from torch by ``launch_route``, so both kernel families are timed the same way, by
+``triton.testing.do_bench``), ``triton_config.Config`` to ``triton_kernels``. The heuristic's config is timed first
+at every shape; the table marks the fastest per kernel, direction and shape, so a heuristic change can cite the
+sweep that justifies it.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
                      and c.block_rows * c.block_cols <= 32768]
 
 
-def mosaic_configs(m: int, n: int, itemsize: int, backward: bool, quick: bool) -> list[mosaic_config.MosaicConfig | None]:
+def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
+                   quick: bool) -> list[mosaic_config.MosaicConfig | None]:
     """The heuristic's config (None) and alternatives around it: stages × co-resident CTAs (and rows per block
     around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows. Configs
     that ``fit`` shrinks to the same plan are timed once."""

@@ -11,11 +11,11 @@ against 2.31–2.33, 4096×65536 2.43–2.50 against 2.25–2.26) and lost on ro
 Mosaic GPU (compute capability >= 9.0) and rows that need no padding (a multiple of 128 columns): the backward
 (plain and fused, which must agree: the fused add's ``dweight`` is ``rms_norm``'s bits) on Mosaic GPU from 1024 to
 65536 columns but 8192 (per-head rows of 128 and 256 columns ran at a third and a half of the Triton lowering's
-speed on Mosaic GPU, ``bench/results/fused_h100.md``: one element per thread and a warpgroup reduction per row), the forward (plain and fused) for 16384 < N ≤ 65536; everything else on the Triton lowering
-(``"pallas"``), which also takes the longest rows (the Mosaic backward cannot hold them; its forward is slower
-there). The suite's ``auto`` column was measured before the N = 8192 exception (its "Pallas in JAX" column is what
-``auto`` runs there now). A config passed for a direction picks
-its lowering (``Config``: Triton, ``MosaicConfig``: Mosaic GPU).
+speed on Mosaic GPU, ``bench/results/fused_h100.md``: one element per thread and a warpgroup reduction per row), the
+forward (plain and fused) for 16384 < N ≤ 65536; everything else on the Triton lowering (``"pallas"``), which also
+takes the longest rows (the Mosaic backward cannot hold them; its forward is slower there). The suite's ``auto``
+column was measured before the N = 8192 exception (its "Pallas in JAX" column is what ``auto`` runs there now). A
+config passed for a direction picks its lowering (``Config``: Triton, ``MosaicConfig``: Mosaic GPU).
 """
 
 from __future__ import annotations

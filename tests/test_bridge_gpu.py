@@ -181,6 +181,9 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+FLAT_BYTES = 4096  # device growth over 10k calls below this is no leak (see test_memory_flat_over_10k_calls)
+
+
 def memory_growth(step, calls: int) -> tuple[int, int, int]:
     """(torch, JAX) device bytes in use and host RSS after ``calls`` calls of ``step`` minus before (after a
     warm-up, garbage collected)."""
@@ -197,7 +200,9 @@ def memory_growth(step, calls: int) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("backend", ["pallas_launch", "pallas_dlpack", "triton"])
 def test_memory_flat_over_10k_calls(backend):
-    """Device memory (torch's allocator and JAX's) unchanged and host RSS within 16 MiB over 10k fwd+bwd calls."""
+    """Device memory (torch's allocator and JAX's) flat and host RSS within 16 MiB over 10k fwd+bwd calls. Flat
+    means under 4 KiB: a leak of even one byte per call grows 10 KB here, while a buffer JAX frees asynchronously
+    can still be counted at the second reading (256 B were, in 2 of about 6 runs of the DLPack route on the H100)."""
     x, w, dy = torch_inputs((8, 4096), torch.bfloat16, 0.0)
     x.requires_grad_(), w.requires_grad_()
 
@@ -206,10 +211,12 @@ def test_memory_flat_over_10k_calls(backend):
         x.grad = w.grad = None
 
     torch_growth, jax_growth, host_growth = memory_growth(step, 10_000)
-    assert (torch_growth, jax_growth) == (0, 0), f"device memory grew: torch {torch_growth} B, JAX {jax_growth} B"
+    assert max(torch_growth, jax_growth) < FLAT_BYTES, (
+        f"device memory grew: torch {torch_growth} B, JAX {jax_growth} B")
     assert host_growth < 16 * 2**20, f"host RSS grew {host_growth / 2**20:.1f} MiB over 10k calls"
     kept = []
-    assert sum(memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)[:2]) > 0  # a leak shows
+    leaked = memory_growth(lambda: kept.append(rms_norm(x, w, backend=backend)), 100)
+    assert max(leaked[:2]) >= FLAT_BYTES  # a leak shows
 
 
 def test_launch_route_falls_back_to_dlpack(monkeypatch):
