@@ -61,7 +61,7 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
     around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows. Configs
     that ``fit`` shrinks to the same plan are timed once."""
     base = mosaic_config.heuristic(m, n, backward=backward)
-    if base.cluster is None and n <= mosaic_config.ALIGN * 128:
+    if base.cluster is None:  # rows one CTA holds
         grid = [dict(stages=s, programs_per_sm=p) for s, p in itertools.product(
             (2, 3) if quick else (2, 3, 4), (2, 4) if quick else (1, 2, 3, 4, 6, 8))]
         grid += [] if quick else [dict(block_rows=r, programs_per_sm=p) for r, p in itertools.product(

@@ -156,6 +156,23 @@ def test_gpu_clusters_are_race_free():
             np.testing.assert_array_equal(np.asarray(a), b)
 
 
+@pytest.mark.parametrize("capable", [True, False])
+def test_auto_table(monkeypatch, capable):
+    """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
+    and rows of 128·k columns; the backward from 1024 to 65536 columns but 8192 (per-head rows of 128 stay on the
+    Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 65536."""
+    from pallas_norm import auto, backend
+
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
+    mosaic_bwd = {1024, 2304, 4096, 16384, 32768, 65536}
+    mosaic_fwd = {32768, 65536}
+    for n in (64, 128, 256, 1000, 1024, 2304, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
+        assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
+        assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
+    assert auto.lowering(True, 128, MosaicConfig()) == "mosaic"  # a config picks its lowering
+    assert auto.lowering(False, 32768, pn.Config(block_rows=1, block_cols=4096, num_warps=8)) == "pallas"
+
+
 EXIT_RACE = r"""
 import sys, jax, jax.numpy as jnp
 import pallas_norm as pn
