@@ -1,7 +1,7 @@
 """``python -m bench fused``: the fused residual add + RMSNorm against its peers, and per-head (q/k) norms.
 
 Fused add (``(y, h) = rms_norm_add(x, residual)``; bf16, llama casting): ours (JAX, the torch default route, the
-Triton reference), Liger's ``LigerFusedAddRMSNormFunction`` (``in_place=False``) when installed, and the unfused
+Triton reference; in JAX both `"auto"`, the default, and `"pallas"`, the Triton lowering), Liger's ``LigerFusedAddRMSNormFunction`` (``in_place=False``) when installed, and the unfused
 ``h = x + residual`` then a norm (``F.rms_norm``; ``torch.compile`` of HF's formula; ours). Bytes per call, by the
 op's own count: forward reads x and residual and writes y and h, backward reads h, dy and dh_out and writes dh
 (4·M·N·s each; the weight and dweight are negligible). Per-head norms: ``rms_norm`` on (rows, D) with D in
@@ -35,7 +35,7 @@ def _torch_fused(fn: Callable, x, r, w, dy, dh) -> dict[str, Callable]:
     return {"fwd": fwd, "bwd": lambda: torch.autograd.grad((y, h), (xr, rr, wr), (dy, dh), retain_graph=True)}
 
 
-def _jax_fused(x, r, w, dy, dh) -> dict[str, Callable]:
+def _jax_fused(x, r, w, dy, dh, impl: str = "pallas") -> dict[str, Callable]:
     import jax
     import jax.numpy as jnp
 
@@ -43,7 +43,7 @@ def _jax_fused(x, r, w, dy, dh) -> dict[str, Callable]:
     from torch_bridge import dlpack_route, jax_device
 
     a = [jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in (x, r, w, dy, dh)]
-    f = lambda x, r, w: pallas_norm.rms_norm_add(x, r, w, eps=EPS, impl="pallas")  # noqa: E731
+    f = lambda x, r, w: pallas_norm.rms_norm_add(x, r, w, eps=EPS, impl=impl)  # noqa: E731
     _, vjp = jax.vjp(f, *a[:3])
     # dx and dresidual are the same values: a jitted function returning both would copy one; in a model each
     # feeds its own branch of one graph, so dx and dweight are what is kept here
@@ -72,7 +72,8 @@ def fused_providers() -> dict[str, Callable]:
         hf = timing.hf_formula(0.0, "llama")
         return torch.compile(lambda x, r, w: (hf(x + r, w), x + r), dynamic=False)
 
-    out = {"pallas": _jax_fused, "pallas_launch": ours("pallas_launch"), "triton": ours("triton"),
+    out = {"auto": lambda *t: _jax_fused(*t, impl="auto"), "pallas": _jax_fused,
+           "pallas_launch": ours("pallas_launch"), "triton": ours("triton"),
            "unfused pallas_launch": unfused(lambda: lambda h, w: torch_bridge.rms_norm(h, w, EPS,
                                                                                       backend="pallas_launch")),
            "unfused torch": unfused(lambda: lambda h, w: torch.nn.functional.rms_norm(h, h.shape[-1:], w, EPS)),
@@ -86,13 +87,13 @@ def fused_providers() -> dict[str, Callable]:
 
 
 def _time(name: str, fn: Callable) -> float:
-    return timing.time_jax(fn) if name == "pallas" else timing.time_torch(fn)
+    return timing.time_jax(fn) if name in ("auto", "pallas") else timing.time_torch(fn)
 
 
 def run(quick: bool = False) -> dict:
     from bench.providers import providers  # the plain-norm providers for the per-head table
 
-    head_names = ("pallas", "pallas_launch", "triton", "torch_native", "hf_compile") + (
+    head_names = ("auto", "pallas", "pallas_launch", "triton", "torch_native", "hf_compile") + (
         ("liger",) if importlib.util.find_spec("liger_kernel") else ())
     copy = timing.copy_tbps()
     rows = []
