@@ -1,11 +1,12 @@
 """``python -m bench fused``: the fused residual add + RMSNorm against its peers, and per-head (q/k) norms.
 
 Fused add (``(y, h) = rms_norm_add(x, residual)``; bf16, llama casting): ours (JAX, the torch default route, the
-Triton reference; in JAX both `"auto"`, the default, and `"pallas"`, the Triton lowering), Liger's ``LigerFusedAddRMSNormFunction`` (``in_place=False``) when installed, and the unfused
-``h = x + residual`` then a norm (``F.rms_norm``; ``torch.compile`` of HF's formula; ours). Bytes per call, by the
-op's own count: forward reads x and residual and writes y and h, backward reads h, dy and dh_out and writes dh
-(4·M·N·s each; the weight and dweight are negligible). Per-head norms: ``rms_norm`` on (rows, D) with D in
-{64, 128, 256} and millions of rows (the usual byte counts: 2 and 3 · M·N·s).
+Triton reference; in JAX both ``"auto"``, the default, and ``"pallas"``, the Triton lowering), Liger's
+``LigerFusedAddRMSNormFunction`` (``in_place=False``) when installed, and the unfused ``h = x + residual`` then a
+norm (``F.rms_norm``; ``torch.compile`` of HF's formula; ours). Bytes per call, by the op's own count: forward reads
+x and residual and writes y and h, backward reads h, dy and dh_out and writes dh (4·M·N·s each; the weight and
+dweight are negligible). Per-head norms: ``rms_norm`` on (rows, D) with D in {64, 128, 256} and millions of rows
+(the usual byte counts: 2 and 3 · M·N·s).
 """
 
 from __future__ import annotations
