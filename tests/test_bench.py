@@ -66,3 +66,28 @@ def test_names_and_file_names():
     assert names.label("pallas_dlpack") == "Pallas via DLPack" and names.label("liger") == "Liger"
     assert [timing.gpu_slug(g) for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla V100-SXM2-16GB")] == [
         "h100", "h200", "tesla"]
+
+
+def test_targets_judge_the_jax_default_when_the_run_has_it():
+    """Runs with ``auto`` (impl=None) are judged on it; older runs on ``pallas``."""
+    run = fake_run(2.95)
+    run["rows"] += [dict(r, provider="auto", tbps=2.5, pct_copy=2.5 / 3.0 * 100) for r in run["rows"]
+                    if r["provider"] == "pallas" and r["mode"] == "fwd"]
+    lines = "\n".join(report.targets(run))
+    assert "## Targets (Pallas in JAX (faster lowering), `impl=None`, unless named)" in lines
+    assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024 | ✗ |" in lines
+    assert "`impl='pallas'`" in "\n".join(report.targets(fake_run(2.95)))
+
+
+def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
+    from bench import sweep
+    from pallas_norm import mosaic_config
+
+    for m, n, backward in ((32768, 2304, False), (32768, 4096, True), (8192, 32768, False), (4096, 65536, True)):
+        configs = sweep.mosaic_configs(m, n, 2, backward, quick=False)
+        assert configs[0] is None and len(configs) > 2
+        plans = [mosaic_config.fit(c, m, n, row_bytes=2 * (1 + backward), weight_bytes=2, widest=2,
+                                   backward=backward) for c in configs]
+        assert len(set(plans)) == len(plans)
+        assert (n > 16384) == all(p.cluster > 1 for p in plans)
+    assert sweep.mosaic_configs(2048, 131072, 2, True, quick=False) == [None]  # the backward cannot hold the row
