@@ -6,6 +6,9 @@ sizes on the GPU (the GPU matrix and dweight reproducibility: tests/test_pallas.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -201,10 +204,6 @@ def test_gpu_cluster_ctas_outlive_peer_reads(variant):
     memory of an exited CTA may not be read. Without the exit barrier (the broken variant) these launches failed
     on the H100 ("unspecified launch failure", in 2 of 2 processes for the first config, 1 of 2 for the others,
     which ends the process: hence a subprocess), and the default config of 4096×65536 was one of them."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     run = subprocess.run([sys.executable, "-c", EXIT_RACE, variant], capture_output=True, text=True, env=env,
                          timeout=300)
