@@ -88,10 +88,11 @@ def register_round_to_mosaic_lowering() -> None:
 
 
 @functools.cache
-def mosaic_runtime() -> tuple[Callable, Callable]:
-    """``(compile, unload)`` of Mosaic GPU's runtime in JAX's CUDA plugin: ``compile(module_bytes)`` returns a
+def mosaic_runtime() -> Callable:
+    """``compile(module_bytes, size)`` of Mosaic GPU's runtime in JAX's CUDA plugin (``MosaicGpuCompile``): a
     handle whose entries 0 and 1 are the kernel's function and its launcher ``launch(function, stream, buffers)``
-    (the calling convention JAX's ``as_torch_kernel`` uses, which launches on torch's default stream only)."""
+    (the calling convention JAX's ``as_torch_kernel`` uses, which launches on torch's default stream only). Modules
+    stay loaded for the process's lifetime (nothing unloads them)."""
     import ctypes
 
     def load():
@@ -99,15 +100,12 @@ def mosaic_runtime() -> tuple[Callable, Callable]:
             import jax_plugins.xla_cuda13 as plugin
         except ImportError:
             import jax_plugins.xla_cuda12 as plugin
-        dll = ctypes.CDLL(plugin._get_library_path())
-        return dll.MosaicGpuCompile, dll.MosaicGpuUnload
+        return ctypes.CDLL(plugin._get_library_path()).MosaicGpuCompile
 
-    compile_fn, unload_fn = _private("Mosaic GPU's runtime in JAX's CUDA plugin (MosaicGpuCompile)", load)
+    compile_fn = _private("Mosaic GPU's runtime in JAX's CUDA plugin (MosaicGpuCompile)", load)
     compile_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
     compile_fn.restype = ctypes.POINTER(ctypes.c_void_p)
-    unload_fn.argtypes = [compile_fn.restype]
-    unload_fn.restype = None
-    return compile_fn, unload_fn
+    return compile_fn
 
 
 @functools.cache

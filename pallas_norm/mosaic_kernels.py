@@ -283,20 +283,19 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     cta = _Cta(plan, it, w_g)
     w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
     dt = dy_g.dtype
-    load = _row
 
     def grad_scale(s, r, off, size):
         w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
-        dy32 = load(dy_s, s, r, off, size)
+        dy32 = _row(dy_s, s, r, off, size)
         return dy32, w_eff, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
 
     def sum_gx(s, r):
-        return _scalar_sum([grad_scale(s, r, off, size)[2] * load(x_s, s, r, off, size) for off, size in chunks])
+        return _scalar_sum([grad_scale(s, r, off, size)[2] * _row(x_s, s, r, off, size) for off, size in chunks])
 
     def row_grads(s, r, rstd, total, dw):
         dw = list(dw)
         for i, (off, size) in enumerate(chunks):
-            x32 = load(x_s, s, r, off, size)
+            x32 = _row(x_s, s, r, off, size)
             dy32, _, g = grad_scale(s, r, off, size)
             if need_dw:
                 n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
@@ -304,7 +303,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
             if need_dx:
                 dx = rowmath.grad_input(x32, g, rstd, total, F32(plan.n))
                 if fused:
-                    dx = rowmath.grad_residual(dx, load(dh_s, s, r, off, size))
+                    dx = rowmath.grad_residual(dx, _row(dh_s, s, r, off, size))
                 dy_s[s, r, pl.ds(off, size)] = dx.astype(dt)
         return tuple(dw)
 

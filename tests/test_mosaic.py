@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pallas_norm as pn
-from pallas_norm import mosaic, mosaic_config
+from pallas_norm import backend, mosaic, mosaic_config
 from pallas_norm.mosaic_config import MosaicConfig
 
 from helpers import JAX_DTYPES, MOSAIC, ON_HOPPER, check_jax, jax_inputs, jax_vjp, judge
@@ -164,7 +164,7 @@ def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
     and rows of 128·k columns; the backward from 1024 to 65536 columns but 8192 (per-head rows of 128 stay on the
     Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 65536."""
-    from pallas_norm import auto, backend
+    from pallas_norm import auto
 
     monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
     mosaic_bwd = {1024, 2304, 4096, 16384, 32768, 65536}
@@ -218,7 +218,7 @@ LOWERINGS = [((37, 1536), jnp.bfloat16, None), ((515, 8192), jnp.float16, Mosaic
 
 
 @pytest.mark.parametrize("shape,dtype,config", LOWERINGS, ids=str)
-def test_lowers_for_hopper(shape, dtype, config):
+def test_lowers_for_hopper(monkeypatch, shape, dtype, config):
     """The compiled kernels' Mosaic lowering, run on CPU for a Hopper target (no GPU needed): layouts, TMA copies,
     clusters and loops that the interpreter never lowers (it once let through an unroll the lowering refuses)."""
     x, w, dy = (jax.ShapeDtypeStruct(s, dtype) for s in (shape, shape[-1:], shape))
@@ -227,9 +227,7 @@ def test_lowers_for_hopper(shape, dtype, config):
         y, vjp = jax.vjp(lambda x, w: pn.rms_norm(x, w, impl="mosaic", config=config, bwd_config=config), x, w)
         return y, vjp(dy)
 
-    from pallas_norm import backend
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backend, "mosaic_capable", lambda: True)
-        mp.setattr(backend, "num_sms", lambda: 132)
-        text = jax.jit(fwd_bwd).trace(x, w, dy).lower(lowering_platforms=("cuda",)).as_text()
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    text = jax.jit(fwd_bwd).trace(x, w, dy).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("mosaic_gpu_v2") == 3  # forward, backward, dweight reduction

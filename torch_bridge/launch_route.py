@@ -174,12 +174,11 @@ class MosaicKernel:
     lifetime, like the Triton binaries."""
 
     def __init__(self, module: bytes, name: str):
-        compile_fn, _ = compat.mosaic_runtime()
         torch.cuda.init()  # the runtime compiles into the current CUDA context
-        handle = compile_fn(ctypes.c_char_p(module), ctypes.c_int(len(module)))
+        handle = compat.mosaic_runtime()(ctypes.c_char_p(module), ctypes.c_int(len(module)))
         if not handle:
             raise MosaicCompileFailed(f"Mosaic GPU's runtime could not compile kernel {name}")
-        self.name, self._handle = name, handle
+        self.name = name
         self._function = handle[0]
         self._launch = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))(
             handle[1])
