@@ -4,13 +4,15 @@ Llama and Gemma2 causal LMs (random weights; 8 layers, hidden 2048, 16 heads, SD
 on 4 × 2048 tokens: the HF model as is (``hf``), its norms patched by ``torch_bridge.patch_hf_model`` with each torch
 backend, and with Liger's RMSNorm function (when ``liger_kernel`` is installed; ``in_place=False``, as Liger's own
 Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+fused``: also
-``fuse_residual=True`` (each layer's residual add and the norm after it as one ``rms_norm_add``). Every provider gets
-its own copy of one model and the providers' steps take turns (``timing.per_call_interleaved``), so the ratios to ``hf`` are from the same moments.
+``fuse_residual=True`` (every residual add and the norm after it as one ``rms_norm_add``). Every provider gets its
+own copy of one model and the providers' steps take turns (``timing.interleaved_samples``), so the ratios to
+``hf`` are from the same moments; a fused provider's ratio to its unfused backend is paired by round.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 
 import torch
 
@@ -73,20 +75,21 @@ def _step(model: torch.nn.Module, ids: torch.Tensor):
     return step
 
 
-def run(repeats: int = 5) -> dict:
+def run(repeats: int = 15) -> dict:
     import importlib.util
 
     providers = ("hf", *BACKENDS, *FUSED) + (("liger",) if importlib.util.find_spec("liger_kernel") else ())
     ids = tokens(SHAPE["batch"], SHAPE["length"], SHAPE["vocab"], device="cuda")
-    results = {}
+    results, paired = {}, {}
     for family in FAMILIES:
         built = models(family, providers)
-        times = timing.per_call_interleaved({k: _step(m, ids) for k, m in built.items()}, timing.torch_sync, 3,
-                                            repeats=repeats)
-        results[family] = {k: 1e3 * t for k, t in times.items()}
+        samples = timing.interleaved_samples({k: _step(m, ids) for k, m in built.items()}, timing.torch_sync, 3,
+                                             repeats=repeats)
+        results[family] = {k: 1e3 * statistics.median(s) for k, s in samples.items()}
+        paired[family] = {k: timing.paired_ratio(samples, k, k.partition("+")[0]) for k in samples if "+" in k}
         del built
         torch.cuda.empty_cache()
-    return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results)
+    return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results, fused_vs_unfused=paired)
 
 
 def markdown(result: dict) -> str:
@@ -95,10 +98,14 @@ def markdown(result: dict) -> str:
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by `python -m "
            f"bench step`: {shape['layers']} layers, hidden {shape['hidden']}, {shape['batch']} × {shape['length']} "
            f"tokens, vocab {shape['vocab']}, bf16, SDPA attention; forward + backward, median of interleaved loops.",
-           "", "| family | provider (norms) | ms per step | × HF |", "|---|---|---|---|"]
+           "", "``× unfused``: the fused provider's step time over its backend's unfused one, median over rounds of "
+           "the ratio within a round (drift between rounds cancels).", "",
+           "| family | provider (norms) | ms per step | × HF | × unfused |", "|---|---|---|---|---|"]
     for family, times in result["ms"].items():
+        paired = result.get("fused_vs_unfused", {}).get(family, {})
         for name, ms in times.items():
-            out.append(f"| {family} | {name} | {ms:.1f} | {ms / times['hf']:.3f} |")
+            ratio = f"{paired[name]:.4f}" if name in paired else ""
+            out.append(f"| {family} | {name} | {ms:.1f} | {ms / times['hf']:.3f} | {ratio} |")
     return "\n".join(out) + "\n"
 
 

@@ -78,11 +78,11 @@ def per_call(fn: Callable, sync: Callable, calls: int, repeats: int = 7) -> floa
     return statistics.median(samples)
 
 
-def per_call_interleaved(fns: dict[str, Callable], sync: Callable, calls: int, repeats: int = 9
-                         ) -> dict[str, float]:
-    """``per_call`` for several functions whose loops take turns (one loop each per round, ``repeats`` rounds):
-    a host whose speed drifts during the run (the H100 host's did, by up to 1.7× between runs) then shifts them
-    together, so ratios between them hold."""
+def interleaved_samples(fns: dict[str, Callable], sync: Callable, calls: int, repeats: int = 9
+                        ) -> dict[str, list[float]]:
+    """Seconds per call of each function in each of ``repeats`` rounds; in a round every function's loop of
+    ``calls`` calls (one ``sync`` each) runs once, in turn: a host or GPU whose speed drifts during the run (the
+    H100 host's did, by up to 1.7× between runs) shifts them together, so ratios within a round hold."""
     for fn in fns.values():
         for _ in range(max(10, calls // 10)):
             out = fn()
@@ -95,7 +95,18 @@ def per_call_interleaved(fns: dict[str, Callable], sync: Callable, calls: int, r
                 out = fn()
             sync(out)
             samples[name].append((time.perf_counter() - t0) / calls)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def per_call_interleaved(fns: dict[str, Callable], sync: Callable, calls: int, repeats: int = 9
+                         ) -> dict[str, float]:
+    """``per_call`` for several functions whose loops take turns: the median of ``interleaved_samples``."""
+    return {name: statistics.median(s) for name, s in interleaved_samples(fns, sync, calls, repeats).items()}
+
+
+def paired_ratio(samples: dict[str, list[float]], name: str, base: str) -> float:
+    """The median over rounds of ``name``'s time / ``base``'s in the same round (robust to drift across rounds)."""
+    return statistics.median(a / b for a, b in zip(samples[name], samples[base]))
 
 
 def torch_sync(_=None) -> None:

@@ -91,3 +91,16 @@ def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
         assert len(set(plans)) == len(plans)
         assert (n > 16384) == all(p.cluster > 1 for p in plans)
     assert sweep.mosaic_configs(2048, 131072, 2, True, quick=False) == [None]  # the backward cannot hold the row
+
+
+def test_step_pairs_fused_with_unfused_by_round():
+    """A drift between rounds (round 2 twice as slow for everyone) cancels in the paired ratio, not in medians of
+    each provider; the step table shows the paired column for fused providers only."""
+    from bench import step
+
+    samples = {"pallas": [1.0, 2.0, 1.0], "pallas+fused": [0.99, 1.98, 0.99]}
+    assert timing.paired_ratio(samples, "pallas+fused", "pallas") == pytest.approx(0.99)
+    result = dict(env=ENV, shape=step.SHAPE, ms={"llama": {"hf": 80.0, "pallas": 66.0, "pallas+fused": 65.0}},
+                  fused_vs_unfused={"llama": {"pallas+fused": 0.985}})
+    table = step.markdown(result)
+    assert "| llama | pallas+fused | 65.0 | 0.812 | 0.9850 |" in table and "| llama | pallas | 66.0 | 0.825 |  |" in table

@@ -99,7 +99,8 @@ def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: b
     backward; on a mismatch nothing stays patched and a RuntimeError names the module and the error.
     ``fuse_residual``: each decoder layer's residual add and the norm after it also become one
     ``torch_bridge.rms_norm_add`` call (``torch_bridge.hf_fused``: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2,
-    Gemma3); layers of another shape stay unfused, with one warning per class.
+    Gemma3), and so does each layer's last add with the next layer's input norm (the final norm after the last
+    layer); layers of another shape stay unfused, with one warning per class.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -132,4 +133,5 @@ def patch_hf_model(model: torch.nn.Module, *, backend: str = "pallas", verify: b
             warnings.warn(f"patch_hf_model: left {name} unfused (fuse_residual=True knows the Llama-style pre-norm and "
                           "the Gemma2-style sandwich decoder layers as transformers writes them; this one differs)",
                           UserWarning, stacklevel=2)
+        hf_fused.link(model)
     return patched
