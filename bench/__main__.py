@@ -85,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--calls", type=int, default=2000, help="back-to-back calls per timing loop (small call)")
     o.add_argument("--out", default="bench/results")
     st = sub.add_parser("step")
+    st.add_argument("--profile", action="store_true", help="also GPU time per step in norm and add kernels")
     st.add_argument("--out", default="bench/results")
     fu = sub.add_parser("fused")
     fu.add_argument("--quick", action="store_true", help="one shape per table")
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "step":
         from bench import step
 
-        result = step.run()
+        result = step.run(profile=args.profile)
         return _write(step, result, out / f"step_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "fused":
         from bench import fused

@@ -7,12 +7,15 @@ Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+
 ``fuse_residual=True`` (every residual add and the norm after it as one ``rms_norm_add``). Every provider gets its
 own copy of one model and the providers' steps take turns (``timing.interleaved_samples``), so the ratios to
 ``hf`` are from the same moments; a fused provider's ratio to its unfused backend is paired by round.
+``--profile`` adds the GPU time per step in norm and add kernels (``kernel_us``, torch.profiler).
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
+
+from collections.abc import Callable
 
 import torch
 
@@ -75,21 +78,53 @@ def _step(model: torch.nn.Module, ids: torch.Tensor):
     return step
 
 
-def run(repeats: int = 15) -> dict:
+_OUR_KERNELS = ("norm", "_fwd_kernel", "_bwd_kernel", "_dweight_reduce_kernel", "_bwd_rowdot_kernel")
+
+
+def kernel_us(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
+    """GPU µs per step by ``torch.profiler``: in norm kernels (ours, Liger's; HF's norm is elementwise kernels,
+    counted under ``other``), in elementwise adds (the residual adds and gradient sums, and the rotary
+    embedding's), and in all kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out = {"norm": 0.0, "add": 0.0, "all": 0.0}
+    for event in prof.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = event.self_device_time_total / steps
+        name = event.key.lower()
+        out["all"] += us
+        if any(k in name for k in _OUR_KERNELS):
+            out["norm"] += us
+        elif "functor_add" in name:
+            out["add"] += us
+    return out
+
+
+def run(repeats: int = 15, profile: bool = False) -> dict:
     import importlib.util
 
     providers = ("hf", *BACKENDS, *FUSED) + (("liger",) if importlib.util.find_spec("liger_kernel") else ())
     ids = tokens(SHAPE["batch"], SHAPE["length"], SHAPE["vocab"], device="cuda")
-    results, paired = {}, {}
+    results, paired, kernels = {}, {}, {}
     for family in FAMILIES:
         built = models(family, providers)
         samples = timing.interleaved_samples({k: _step(m, ids) for k, m in built.items()}, timing.torch_sync, 3,
                                              repeats=repeats)
         results[family] = {k: 1e3 * statistics.median(s) for k, s in samples.items()}
         paired[family] = {k: timing.paired_ratio(samples, k, k.partition("+")[0]) for k in samples if "+" in k}
+        if profile:
+            kernels[family] = {k: kernel_us(_step(m, ids)) for k, m in built.items()}
         del built
         torch.cuda.empty_cache()
-    return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results, fused_vs_unfused=paired)
+    return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results, fused_vs_unfused=paired,
+                **({"kernel_us": kernels} if profile else {}))
 
 
 def markdown(result: dict) -> str:
@@ -106,6 +141,15 @@ def markdown(result: dict) -> str:
         for name, ms in times.items():
             ratio = f"{paired[name]:.4f}" if name in paired else ""
             out.append(f"| {family} | {name} | {ms:.1f} | {ms / times['hf']:.3f} | {ratio} |")
+    if "kernel_us" in result:
+        out += ["", "GPU µs per step in kernels (``--profile``: torch.profiler, 5 steps): norm kernels (ours, Liger's; "
+                "HF's norm runs as elementwise kernels, under all), elementwise adds (residual adds, gradient sums, "
+                "rotary embedding), all kernels.", "",
+                "| family | provider (norms) | norm µs | add µs | norm + add µs | all kernels ms |", "|---|---|---|---|---|---|"]
+        for family, by_provider in result["kernel_us"].items():
+            for name, us in by_provider.items():
+                out.append(f"| {family} | {name} | {us['norm']:.0f} | {us['add']:.0f} | {us['norm'] + us['add']:.0f} | "
+                           f"{us['all'] / 1e3:.1f} |")
     return "\n".join(out) + "\n"
 
 
