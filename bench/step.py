@@ -142,10 +142,11 @@ def markdown(result: dict) -> str:
             ratio = f"{paired[name]:.4f}" if name in paired else ""
             out.append(f"| {family} | {name} | {ms:.1f} | {ms / times['hf']:.3f} | {ratio} |")
     if "kernel_us" in result:
-        out += ["", "GPU µs per step in kernels (``--profile``: torch.profiler, 5 steps): norm kernels (ours, Liger's; "
-                "HF's norm runs as elementwise kernels, under all), elementwise adds (residual adds, gradient sums, "
-                "rotary embedding), all kernels.", "",
-                "| family | provider (norms) | norm µs | add µs | norm + add µs | all kernels ms |", "|---|---|---|---|---|---|"]
+        out += ["", "GPU µs per step in kernels (``--profile``: torch.profiler, 5 steps): norm kernels (ours, "
+                "Liger's; HF's norm runs as elementwise kernels, under all), elementwise adds (residual adds, "
+                "gradient sums, rotary embedding), all kernels.", "",
+                "| family | provider (norms) | norm µs | add µs | norm + add µs | all kernels ms |",
+                "|---|---|---|---|---|---|"]
         for family, by_provider in result["kernel_us"].items():
             for name, us in by_provider.items():
                 out.append(f"| {family} | {name} | {us['norm']:.0f} | {us['add']:.0f} | {us['norm'] + us['add']:.0f} | "

@@ -1,9 +1,9 @@
 """The benchmarks' one harness: timers, the copy ceiling, byte counts, inputs, the run's environment, file names.
 
 Timing (the device library's METHOD.md): torch callables by ``triton.testing.do_bench`` (CUDA events, warm-up,
-median, L2 flushed between calls); JAX callables by a pipelined loop of jitted calls ending in
-``block_until_ready``, after warm-up, median of repeats; host-bound small calls by back-to-back loops with one
-synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
+median, L2 flushed between calls); JAX callables by their kernels' own durations (CUPTI via ``torch.profiler``,
+mean of 20 calls after warm-up; JAX offers no events on its stream); host-bound small calls by back-to-back loops
+with one synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
 2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
 """
 
@@ -40,19 +40,26 @@ def gpu_or_exit_code(prog: str) -> int | None:
     return None
 
 
-def time_jax(fn: Callable, iters: int = 10, repeats: int = 5) -> float:
-    """Median seconds per op of ``fn()`` (pipelined loop, one sync per repeat; ``fn.reps`` ops per call)."""
+def time_jax(fn: Callable, iters: int = 20) -> float:
+    """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations as CUPTI records them
+    (``torch.profiler``; process-wide, so XLA's launches too) over ``iters`` calls, after a warm-up call.
+
+    Not the wall clock of a loop of jitted calls: that read 5-17% below the same kernels' own durations on the
+    H100 (host gaps between executables; 2026-11-24, ``docs/benchmarks.md``), while inside a model the norm is one
+    op of a large jit. A torch provider's CUDA events around one call cover the same kernels (and its launch)."""
     import jax
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
 
     jax.block_until_ready(fn())
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             out = fn()
         jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples) / getattr(fn, "reps", 1)
+    us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    if us <= 0:
+        raise RuntimeError("time_jax: the profiler recorded no GPU kernel (is CUPTI available?)")
+    return us * 1e-6 / iters / getattr(fn, "reps", 1)
 
 
 def time_torch(fn: Callable) -> float:
