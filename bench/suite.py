@@ -41,19 +41,29 @@ def measure_shape(p: Provider, m: int, n: int, dtype: torch.dtype, casting: str,
     try:
         fns = p.build(x, w, dy, offset, casting)
         timer = timing.time_jax if p.framework == "jax" else timing.time_torch
-        mem = peak_mb(p, fns["fwd+bwd"])
-        for mode in timing.MODES:
-            sec = timer(fns[mode])
+        try:
+            mem = peak_mb(p, fns["fwd+bwd"])
+        except Exception:  # noqa: BLE001 - the fwd+bwd row records why
+            mem = None
+        for mode in timing.MODES:  # each mode on its own: a backward that cannot run leaves the forward's row
+            try:
+                sec = timer(fns[mode])
+            except Exception as exc:  # OOM or a peer that cannot run this shape: recorded, never fatal
+                rows.append(_error_row(p, mode, m, n, exc))
+                continue
             tbps = timing.tbps(mode, m, n, x.element_size(), sec)
             rows.append(dict(provider=p.name, mode=mode, m=m, n=n, us=sec * 1e6, tbps=tbps, pct_copy=100 * tbps / copy,
-                             peak_mb=mem))
-    except Exception as exc:  # OOM or a peer that cannot run this shape: recorded, never fatal
-        rows = [dict(provider=p.name, mode=mode, m=m, n=n, error=f"{type(exc).__name__}: {str(exc)[:120]}")
-                for mode in timing.MODES]
+                             **({} if mem is None else {"peak_mb": mem})))
+    except Exception as exc:  # the provider cannot even be built here
+        rows = [_error_row(p, mode, m, n, exc) for mode in timing.MODES]
     finally:
         del x, w, dy
         torch.cuda.empty_cache()
     return rows
+
+
+def _error_row(p: Provider, mode: str, m: int, n: int, exc: Exception) -> dict:
+    return dict(provider=p.name, mode=mode, m=m, n=n, error=f"{type(exc).__name__}: {str(exc)[:120]}")
 
 
 def measure_small(p: Provider, m: int, dtype: torch.dtype, casting: str, offset: float) -> list[dict]:

@@ -108,3 +108,22 @@ def test_step_pairs_fused_with_unfused_by_round():
     assert "norm + add µs" not in table
     result["kernel_us"] = {"llama": {"pallas": dict(norm=1169.0, add=3556.0, all=63167.0)}}
     assert "| llama | pallas | 1169 | 3556 | 4725 | 63.2 |" in step.markdown(result)
+
+
+def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
+    """A provider whose backward refuses a shape (Mosaic GPU past 65536 columns) keeps its forward row; the
+    broken variant (one error for the whole provider) would give three error rows."""
+    from bench import suite
+    from bench.providers import Provider
+
+    def refuse():
+        raise ValueError("cannot hold a row")
+    fns = {"fwd": lambda: None, "bwd": refuse, "fwd+bwd": refuse}
+    provider = Provider("fake", "Fake", "torch", lambda *args: fns)
+    ones = lambda m, n, dtype, offset: (torch.ones(m, n), torch.ones(n), torch.ones(m, n))  # noqa: E731
+    monkeypatch.setattr(timing, "inputs", ones)
+    monkeypatch.setattr(timing, "time_torch", lambda fn: (fn(), 1e-3)[1])
+    monkeypatch.setattr(suite, "peak_mb", lambda p, fn: fn())
+    rows = suite.measure_shape(provider, 4, 8, torch.float32, "llama", 0.0, copy=3.0)
+    assert [("error" in r, r["mode"]) for r in rows] == [(False, "fwd"), (True, "bwd"), (True, "fwd+bwd")]
+    assert "cannot hold a row" in rows[1]["error"] and "peak_mb" not in rows[0]
