@@ -50,6 +50,8 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     rows = list(csv.DictReader(csv_path.open()))
     assert {"gpu", "driver", "jax", "torch", "triton", "date", "copy_tbps"} <= set(rows[0])
     assert rows[0]["gpu"] == ENV["gpu"] and rows[0]["provider"] == "pallas" and png.stat().st_size > 10_000
+    *_, merged = bench_cli.render([str(path), str(path)], tmp_path / "twice")  # several runs: the merged JSON too
+    assert len(json.loads(merged.read_text())["rows"]) == 2 * len(fake_run(2.95)["rows"])
 
 
 def test_targets_mark_a_miss():
