@@ -2,15 +2,18 @@
 
 Small call (8×4096 bf16, host-bound) and large calls (32768×4096, 65536×2304, 4096×65536 bf16, GPU-bound), forward
 and fwd+bwd, for torch ``F.rms_norm``, every torch backend of the registry, Liger (if installed) and JAX native,
-timed by ``timing.per_call_interleaved`` / ``per_call`` (back-to-back loops, one sync each); whether a CUDA graph
-captures each torch provider (``bench.capture``); then the host time of each layer of one small forward, launch
-route and DLPack route, so the differences between rows are each layer's cost. fwd is a call without gradient;
+timed by ``timing.interleaved_samples`` / ``per_call`` (back-to-back loops, one sync each; ratios to torch paired
+by round); whether a CUDA graph captures each torch provider (``bench.capture``); then the host time of each layer
+of one small forward (launch route and DLPack route) and of one small fwd+bwd (launch route, beside an identity
+``autograd.Function``: the floor of any Python autograd path), so the differences between rows are each layer's
+cost. fwd is a call without gradient;
 fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random cotangent, and one jitted ``jax.vjp`` in JAX.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import statistics
 from collections.abc import Callable
 
 import jax
@@ -24,6 +27,7 @@ from pallas_norm.semantics import check_scalars
 from torch_bridge import custom_ops, dlpack_route, jax_device, launch_route, ops, pallas_backends
 
 SMALL, LARGE = (8, 4096), ((32768, 4096), (65536, 2304), (4096, 65536))
+REFERENCE = "torch F.rms_norm"
 TORCH_BACKENDS = tuple(b for b in registry.TORCH_BACKENDS if b != registry.DEFAULT_TORCH_BACKEND)
 
 
@@ -33,7 +37,7 @@ def _bridge(backend: str):
 
 def torch_fns(n: int) -> dict[str, Callable]:
     """name -> ``f(x, weight) -> y`` for torch ``F.rms_norm``, each torch backend of ours, and Liger if installed."""
-    fns = {"torch F.rms_norm": lambda a, b: torch.nn.functional.rms_norm(a, (n,), b, timing.EPS)}
+    fns = {REFERENCE: lambda a, b: torch.nn.functional.rms_norm(a, (n,), b, timing.EPS)}
     fns.update({f"backend={be}": _bridge(be) for be in TORCH_BACKENDS})
     if importlib.util.find_spec("liger_kernel") is not None:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
@@ -63,9 +67,10 @@ def measure(shape, calls: int) -> dict[str, dict[str, float]]:
     jax_entry = runs.pop("JAX native (jit)")
     out = {}
     for i, mode in enumerate(("fwd", "fwd+bwd")):
-        times = timing.per_call_interleaved({name: r[i] for name, r in runs.items()}, timing.torch_sync, calls)
-        for name, t in times.items():
-            out.setdefault(name, {})[mode] = t
+        samples = timing.interleaved_samples({name: r[i] for name, r in runs.items()}, timing.torch_sync, calls)
+        for name, s in samples.items():
+            out.setdefault(name, {})[mode] = statistics.median(s)
+            out[name][f"{mode} paired"] = timing.paired_ratio(samples, name, REFERENCE)
     out["JAX native (jit)"] = {mode: timing.per_call(jax_entry[i], jax_entry[2], calls)
                                for i, mode in enumerate(("fwd", "fwd+bwd"))}
     return out
@@ -106,25 +111,64 @@ def layers(calls: int) -> dict[str, float]:
     return {name: 1e6 * timing.per_call(fn, timing.torch_sync, calls) for name, fn in steps.items()}
 
 
+class _Identity(torch.autograd.Function):
+    """Saves two tensors and passes the gradient through: what any Python-level autograd path costs at least."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+def backward_layers(calls: int) -> dict[str, float]:
+    """Host µs per call of each layer of one small fwd+bwd (``torch.autograd.grad`` of a fresh forward)."""
+    x, w, dy = timing.inputs(*SMALL, torch.bfloat16, 0.0, seed=0)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    _, rstd = custom_ops.forward(x, w, timing.EPS, 0.0, "llama", "pallas_launch")
+    launcher = pallas_backends._launcher(launch_route.backward_launcher, (*SMALL, x.dtype, w.dtype, 0.0, "llama"), x)
+    steps = {
+        "torch F.rms_norm fwd+bwd (reference)": lambda: torch.autograd.grad(
+            torch.nn.functional.rms_norm(xg, (SMALL[1],), wg, timing.EPS), (xg, wg), dy),
+        "rms_norm(backend='pallas_launch') fwd+bwd": lambda: torch.autograd.grad(
+            torch_bridge.rms_norm(xg, wg, timing.EPS, backend="pallas_launch"), (xg, wg), dy),
+        "an identity autograd.Function fwd+bwd (the floor of a Python autograd path)": lambda: torch.autograd.grad(
+            _Identity.apply(xg, wg), (xg,), dy),
+        "rms_norm(backend='pallas_launch') forward recording the graph": lambda: torch_bridge.rms_norm(
+            xg, wg, timing.EPS, backend="pallas_launch"),
+        "custom_ops.backward (device guard, kernel_ready)": lambda: custom_ops.backward(
+            dy, x, w, rstd, 0.0, "llama", "pallas_launch"),
+        "backward Launcher call (dx, dweight, partials allocated; two launches)": lambda: launcher(x, w, dy, rstd),
+    }
+    return {name: 1e6 * timing.per_call(fn, timing.torch_sync, calls) for name, fn in steps.items()}
+
+
 def run(calls: int) -> dict:
     small = measure(SMALL, calls)
     large = {f"{m}x{n}": measure((m, n), 30) for m, n in LARGE}
     return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), calls=calls, small=small, large=large,
-                layers_us=layers(calls), capture=capture.run(torch_fns(SMALL[1])))
+                layers_us=layers(calls), bwd_layers_us=backward_layers(calls),
+                capture=capture.run(torch_fns(SMALL[1])))
 
 
 def markdown(result: dict) -> str:
     env, small, large = result["env"], result["small"], result["large"]
-    ref = small["torch F.rms_norm"]
+    ref = small[REFERENCE]
     out = [f"# Torch bridge: small- and large-call cost on {env['gpu']}", "",
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
            f"`python -m bench overhead` ({result['calls']} back-to-back calls per loop for the small call; the torch "
-           "providers' loops take turns, median of 9 rounds). `backend=pallas` (the default) runs `pallas_launch` on "
+           "providers' loops take turns, median of 9 rounds"
+           + ("; × torch: the median over rounds of the ratio within a round" if "fwd paired" in ref else "")
+           + "). `backend=pallas` (the default) runs `pallas_launch` on "
            "CUDA tensors.", "", f"## Small call, {SMALL[0]}×{SMALL[1]} bf16: µs per call (× torch F.rms_norm)", "",
            "| provider | fwd µs | × torch | fwd+bwd µs | × torch |", "|---|---|---|---|---|"]
-    for name, r in small.items():
-        out.append(f"| {name} | {1e6 * r['fwd']:.1f} | {r['fwd'] / ref['fwd']:.2f} | {1e6 * r['fwd+bwd']:.1f} | "
-                   f"{r['fwd+bwd'] / ref['fwd+bwd']:.2f} |")
+    for name, r in small.items():  # × torch: paired by round when the run has it (drift cancels), else medians
+        ratio = {k: r.get(f"{k} paired", r[k] / ref[k]) for k in ("fwd", "fwd+bwd")}
+        out.append(f"| {name} | {1e6 * r['fwd']:.1f} | {ratio['fwd']:.2f} | {1e6 * r['fwd+bwd']:.1f} | "
+                   f"{ratio['fwd+bwd']:.2f} |")
     for shape, rows in large.items():
         m, n = map(int, shape.split("x"))
         nbytes = {"fwd": 2 * m * n * 2, "fwd+bwd": 5 * m * n * 2}
@@ -144,6 +188,10 @@ def markdown(result: dict) -> str:
     out += ["", f"## Host µs per layer of one small forward without gradient ({SMALL[0]}×{SMALL[1]} bf16)", "",
             "| µs | layer |", "|---|---|"]
     out += [f"| {v:.1f} | {k} |" for k, v in result["layers_us"].items()]
+    if "bwd_layers_us" in result:
+        out += ["", f"## Host µs per layer of one small fwd+bwd ({SMALL[0]}×{SMALL[1]} bf16)", "", "| µs | layer |",
+                "|---|---|"]
+        out += [f"| {v:.1f} | {k} |" for k, v in result["bwd_layers_us"].items()]
     return "\n".join(out) + "\n"
 
 
