@@ -129,3 +129,19 @@ def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
     rows = suite.measure_shape(provider, 4, 8, torch.float32, "llama", 0.0, copy=3.0)
     assert [("error" in r, r["mode"]) for r in rows] == [(False, "fwd"), (True, "bwd"), (True, "fwd+bwd")]
     assert "cannot hold a row" in rows[1]["error"] and "peak_mb" not in rows[0]
+
+
+def test_overhead_small_call_ratio_is_paired_by_round():
+    """The small call's × torch is the paired ratio when the run has one (drift cancels), the ratio of medians
+    for older runs; the backward layer table is shown when present."""
+    from bench import overhead
+
+    small = {overhead.REFERENCE: {"fwd": 10e-6, "fwd+bwd": 100e-6},
+             "backend=pallas_launch": {"fwd": 20e-6, "fwd+bwd": 250e-6}}
+    result = dict(env=ENV, calls=10, small=small, large={}, layers_us={"launch": 9.0})
+    assert "| backend=pallas_launch | 20.0 | 2.00 | 250.0 | 2.50 |" in overhead.markdown(result)
+    small["backend=pallas_launch"].update({"fwd paired": 1.8, "fwd+bwd paired": 1.9})
+    small[overhead.REFERENCE].update({"fwd paired": 1.0, "fwd+bwd paired": 1.0})
+    result["bwd_layers_us"] = {"identity": 99.7}
+    text = overhead.markdown(result)
+    assert "| backend=pallas_launch | 20.0 | 1.80 | 250.0 | 1.90 |" in text and "| 99.7 | identity |" in text
