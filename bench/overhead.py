@@ -6,8 +6,8 @@ timed by ``timing.interleaved_samples`` / ``per_call`` (back-to-back loops, one 
 by round); whether a CUDA graph captures each torch provider (``bench.capture``); then the host time of each layer
 of one small forward (launch route and DLPack route) and of one small fwd+bwd (launch route, beside an identity
 ``autograd.Function``: the floor of any Python autograd path), so the differences between rows are each layer's
-cost. fwd is a call without gradient;
-fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random cotangent, and one jitted ``jax.vjp`` in JAX.
+cost. fwd is a call without gradient; fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random
+cotangent, and one jitted ``jax.vjp`` in JAX.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-
 from collections.abc import Callable
 
 import torch
@@ -83,7 +82,7 @@ _OUR_KERNELS = ("norm", "_fwd_kernel", "_bwd_kernel", "_dweight_reduce_kernel", 
 
 def kernel_us(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
     """GPU µs per step by ``torch.profiler``: in norm kernels (ours, Liger's; HF's norm is elementwise kernels,
-    counted under ``other``), in elementwise adds (the residual adds and gradient sums, and the rotary
+    counted only under ``all``), in elementwise adds (the residual adds and gradient sums, and the rotary
     embedding's), and in all kernels."""
     from torch.profiler import ProfilerActivity, profile
 
