@@ -20,7 +20,6 @@ replaced on the instance (bound, so ``copy.deepcopy`` keeps a copy to itself); `
 
 from __future__ import annotations
 
-import functools
 import inspect
 import textwrap
 import types
@@ -44,7 +43,7 @@ _STEPS = {
                  "hidden_states = self.post_feedforward_layernorm(hidden_states)",
                  "hidden_states = residual + hidden_states", "return hidden_states"),
 }
-_FUSED = "_pallas_norm_fused_forward"  # instance attribute marking a fused layer (its kind)
+_FUSED = "_pallas_norm_fused_forward"  # on a fused layer: (kind, forward's parameter names, defaults)
 _NEXT = "_pallas_norm_next"  # on a fused layer: the norm its output goes to next (``link``), not a submodule
 _AHEAD = "_pallas_norm_ahead"  # on such a norm: (h, h's version, weight's version, y) from the layer before
 
@@ -72,7 +71,6 @@ def _norm_of(layer: torch.nn.Module, kind: str) -> torch.nn.Module:
     return layer.post_attention_layernorm if kind == "pre-norm" else layer.pre_feedforward_layernorm
 
 
-@functools.cache
 def _signature(cls: type) -> tuple[list[str], dict]:
     """The positional-or-keyword parameter names of ``cls.forward`` and their defaults."""
     params = [(n, p) for n, p in inspect.signature(cls.forward).parameters.items()
@@ -121,8 +119,7 @@ def _norm_forward(self: RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 def _fused_forward(self: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
     """A fused layer's ``forward`` (bound to the layer, so ``copy.deepcopy`` of the model rebinds it)."""
-    kind = self.__dict__[_FUSED]
-    names, defaults = _signature(type(self))
+    kind, names, defaults = self.__dict__[_FUSED]
     if len(args) > len(names):
         raise TypeError(f"{type(self).__name__}.forward takes at most {len(names)} positional arguments")
     bound = {**defaults, **dict(zip(names, args)), **kwargs}  # what the original binds
@@ -144,7 +141,7 @@ def fuse(layer: torch.nn.Module) -> bool:
     kind = layer_kind(type(layer))
     if kind is None or not isinstance(_norm_of(layer, kind), RMSNorm):
         return False
-    layer.__dict__[_FUSED] = kind
+    layer.__dict__[_FUSED] = (kind, *_signature(type(layer)))  # read once here, not per call (nor traced)
     layer.forward = types.MethodType(_fused_forward, layer)
     return True
 
