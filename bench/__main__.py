@@ -4,7 +4,7 @@
                             [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
-    python -m bench step [--out DIR]
+    python -m bench step [--profile | --trace] [--out DIR]
     python -m bench fused [--quick] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
@@ -14,8 +14,8 @@ PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torc
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
 against Liger's and the unfused add, and per-head (q/k) norms. summary: the README's speed table from the committed
-results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits 2; ``render`` and
-``summary`` run anywhere.
+results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
+2; ``render`` and ``summary`` run anywhere.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="bench/results")
     st = sub.add_parser("step")
     st.add_argument("--profile", action="store_true", help="also GPU time per step in norm and add kernels")
+    st.add_argument("--trace", action="store_true", help="only write Chrome traces of one Llama step (pallas, "
+                    "pallas+fused) to --out")
     st.add_argument("--out", default="bench/results")
     fu = sub.add_parser("fused")
     fu.add_argument("--quick", action="store_true", help="one shape per table")
@@ -141,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "step":
         from bench import step
 
+        if args.trace:
+            print("\n".join(map(str, step.write_traces(out))))
+            return 0
         result = step.run(profile=args.profile)
         return _write(step, result, out / f"step_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "fused":

@@ -7,7 +7,8 @@ Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+
 ``fuse_residual=True`` (every residual add and the norm after it as one ``rms_norm_add``). Every provider gets its
 own copy of one model and the providers' steps take turns (``timing.interleaved_samples``), so the ratios to
 ``hf`` are from the same moments; a fused provider's ratio to its unfused backend is paired by round.
-``--profile`` adds the GPU time per step in norm and add kernels (``kernel_us``, torch.profiler).
+``--profile`` adds the GPU time per step in norm and add kernels (``kernel_us``, torch.profiler); ``--trace`` writes
+one step per provider as a Chrome trace instead of timing (``write_traces``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,27 @@ def kernel_us(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
         elif "functor_add" in name:
             out["add"] += us
     return out
+
+
+def write_traces(out_dir, family: str = "llama", providers: tuple[str, ...] = ("pallas", "pallas+fused")) -> list:
+    """One step of ``family`` per provider as a Chrome trace (CPU ops and CUDA kernels, ``torch.profiler``) in
+    ``out_dir``: where the GPU waits for the host inside a step."""
+    import pathlib
+
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = tokens(SHAPE["batch"], SHAPE["length"], SHAPE["vocab"], device="cuda")
+    paths = []
+    for name, model in models(family, providers).items():
+        step = _step(model, ids)
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        paths.append(pathlib.Path(out_dir) / f"step_trace_{family}_{name.replace('+', '_')}.json")
+        prof.export_chrome_trace(str(paths[-1]))
+    return paths
 
 
 def run(repeats: int = 15, profile: bool = False) -> dict:
