@@ -60,7 +60,7 @@ def entries(x, w, dy) -> dict[str, tuple]:
 
 
 def measure(shape, calls: int) -> dict[str, dict[str, float]]:
-    """Seconds per call, fwd and fwd+bwd; the torch providers' loops interleaved (``timing.per_call_interleaved``)
+    """Seconds per call, fwd and fwd+bwd; the torch providers' loops interleaved (``timing.interleaved_samples``)
     so their ratios to torch ``F.rms_norm`` are from the same moments of the run."""
     x, w, dy = timing.inputs(*shape, torch.bfloat16, 0.0, seed=0)
     runs = entries(x, w, dy)

@@ -7,8 +7,8 @@ Gemma2 patch does, since Gemma2 feeds one gradient into two norms); ``<backend>+
 ``fuse_residual=True`` (every residual add and the norm after it as one ``rms_norm_add``). Every provider gets its
 own copy of one model and the providers' steps take turns (``timing.interleaved_samples``), so the ratios to
 ``hf`` are from the same moments; a fused provider's ratio to its unfused backend is paired by round.
-``--profile`` adds the GPU time per step in norm and add kernels (``kernel_us``, torch.profiler); ``--trace`` writes
-one step per provider as a Chrome trace instead of timing (``write_traces``).
+``--profile`` adds the GPU time per step in norm and add kernels (``kernel_us_by_kind``, torch.profiler);
+``--trace`` writes one step per provider as a Chrome trace instead of timing (``write_traces``).
 """
 
 from __future__ import annotations
@@ -81,24 +81,15 @@ def _step(model: torch.nn.Module, ids: torch.Tensor):
 _OUR_KERNELS = ("norm", "_fwd_kernel", "_bwd_kernel", "_dweight_reduce_kernel", "_bwd_rowdot_kernel")
 
 
-def kernel_us(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
-    """GPU µs per step by ``torch.profiler``: in norm kernels (ours, Liger's; HF's norm is elementwise kernels,
+def kernel_us_by_kind(step: Callable[[], object], steps: int = 5) -> dict[str, float]:
+    """GPU µs per step (``timing.kernel_us``): in norm kernels (ours, Liger's; HF's norm is elementwise kernels,
     counted only under ``all``), in elementwise adds (the residual adds and gradient sums, and the rotary
     embedding's), and in all kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
     out = {"norm": 0.0, "add": 0.0, "all": 0.0}
-    for event in prof.key_averages():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = event.self_device_time_total / steps
-        name = event.key.lower()
+    for key, us in timing.kernel_us(step, steps, timing.torch_sync).items():
+        name = key.lower()
         out["all"] += us
         if any(k in name for k in _OUR_KERNELS):
             out["norm"] += us
@@ -141,7 +132,7 @@ def run(repeats: int = 15, profile: bool = False) -> dict:
         results[family] = {k: 1e3 * statistics.median(s) for k, s in samples.items()}
         paired[family] = {k: timing.paired_ratio(samples, k, k.partition("+")[0]) for k in samples if "+" in k}
         if profile:
-            kernels[family] = {k: kernel_us(_step(m, ids)) for k, m in built.items()}
+            kernels[family] = {k: kernel_us_by_kind(_step(m, ids)) for k, m in built.items()}
         del built
         torch.cuda.empty_cache()
     return dict(env=timing.environment(copy_tbps=timing.copy_tbps()), shape=SHAPE, ms=results, fused_vs_unfused=paired,

@@ -40,26 +40,33 @@ def gpu_or_exit_code(prog: str) -> int | None:
     return None
 
 
+def kernel_us(run: Callable, calls: int, sync: Callable) -> dict[str, float]:
+    """GPU µs per call of each kernel name over ``calls`` back-to-back calls of ``run()`` then ``sync(last
+    output)``, as CUPTI records them through ``torch.profiler``: process-wide, so XLA's launches too."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            out = run()
+        sync(out)
+    return {e.key: e.self_device_time_total / calls for e in prof.key_averages() if e.device_type == DeviceType.CUDA}
+
+
 def time_jax(fn: Callable, iters: int = 20) -> float:
-    """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations as CUPTI records them
-    (``torch.profiler``; process-wide, so XLA's launches too) over ``iters`` calls, after a warm-up call.
+    """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
+    ``iters`` calls, after a warm-up call.
 
     Not the wall clock of a loop of jitted calls: that read 5-17% below the same kernels' own durations on the
     H100 (host gaps between executables; 2026-11-24, ``docs/benchmarks.md``), while inside a model the norm is one
     op of a large jit. A torch provider's CUDA events around one call cover the same kernels (and its launch)."""
     import jax
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     jax.block_until_ready(fn())
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            out = fn()
-        jax.block_until_ready(out)
-    us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+    us = sum(kernel_us(fn, iters, jax.block_until_ready).values())
     if us <= 0:
         raise RuntimeError("time_jax: the profiler recorded no GPU kernel (is CUPTI available?)")
-    return us * 1e-6 / iters / getattr(fn, "reps", 1)
+    return us * 1e-6 / getattr(fn, "reps", 1)
 
 
 def time_torch(fn: Callable) -> float:
@@ -103,12 +110,6 @@ def interleaved_samples(fns: dict[str, Callable], sync: Callable, calls: int, re
             sync(out)
             samples[name].append((time.perf_counter() - t0) / calls)
     return samples
-
-
-def per_call_interleaved(fns: dict[str, Callable], sync: Callable, calls: int, repeats: int = 9
-                         ) -> dict[str, float]:
-    """``per_call`` for several functions whose loops take turns: the median of ``interleaved_samples``."""
-    return {name: statistics.median(s) for name, s in interleaved_samples(fns, sync, calls, repeats).items()}
 
 
 def paired_ratio(samples: dict[str, list[float]], name: str, base: str) -> float:
