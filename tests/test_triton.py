@@ -5,6 +5,8 @@ the naive formula's rounding points).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -71,6 +73,27 @@ def test_column_chunk_paths(dtype, casting, n):
     kw = dict(offset=offset, casting=casting)
     y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=CHUNKED, **kw)
     dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=CHUNKED)
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("one_program_elems", [0, triton_config.ONE_PROGRAM_ELEMS])
+def test_backward_one_program_and_partials(monkeypatch, one_program_elems, casting):
+    """A small backward runs one program per column chunk that stores dweight itself (one launch); with
+    ``one_program_elems=0`` the same call takes the per-program partials and their reduction (two launches).
+    Both match the float64 reference."""
+    from torch_bridge import triton_launch
+
+    offset = 1.0 if casting == "gemma" else 0.0
+    x, w, dy = torch_inputs((40, 300), torch.bfloat16, offset)
+    kw = dict(offset=offset, casting=casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **kw)
+    launched = []
+    real = triton_launch.launch
+    monkeypatch.setattr(triton_launch, "launch", lambda key, *a, **k: (launched.append(key[0]), real(key, *a, **k)))
+    config = dataclasses.replace(triton_config.backward_config(300), one_program_elems=one_program_elems)
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
+    assert launched == (["bwd"] if one_program_elems else ["bwd", "dweight"])
     assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
 
 

@@ -12,6 +12,7 @@ CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row
 BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
+ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
 
 
 def next_pow2(v: int) -> int:
@@ -26,7 +27,10 @@ def _warps(elems: int, per_warp: int) -> int:
 class Config:
     """One launch's tiling: ``block_m`` rows × ``block_n`` columns per program (``block_n`` the padded row when it
     is at least N, else the column chunk), ``num_warps``; ``programs_per_sm`` (the persistent grid of the backward
-    and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``."""
+    and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``.
+    A backward of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight
+    itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
+    is a few µs either way, the host's ~2× that of a launch)."""
 
     block_m: int
     block_n: int
@@ -34,6 +38,7 @@ class Config:
     programs_per_sm: int = BWD_PROGRAMS_PER_SM
     rowdot_block_n: int = CHUNK_N
     rowdot_warps: int = _warps(CHUNK_N, 512)
+    one_program_elems: int = ONE_PROGRAM_ELEMS
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -42,6 +47,8 @@ class Config:
                 raise ValueError(f"{name} must be a power of two >= 1, got {v!r}")
         if not isinstance(self.programs_per_sm, int) or self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm must be an int >= 1, got {self.programs_per_sm!r}")
+        if not isinstance(self.one_program_elems, int) or self.one_program_elems < 0:
+            raise ValueError(f"one_program_elems must be an int >= 0, got {self.one_program_elems!r}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n

@@ -221,11 +221,13 @@ def _bwd_rowdot_kernel(X, W, DY, C, M, N, offset,
 @triton.jit
 def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, CASTING: tl.constexpr,
-                DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
+                CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, WDT: tl.constexpr,
+                EMULATE_BF16: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
-    dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk].
+    dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk]; with
+    DW_DIRECT (G == 1: the program saw every row) DWP is dweight itself, stored as WDT.
     With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
     HAS_DH (the fused add's backward, X being h): dx = r(dx_norm + dh_out), dh_out read from DH.
     """
@@ -257,7 +259,10 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
         if NEED_DW:
             dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
     if NEED_DW:
-        tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        if DW_DIRECT:
+            tl.store(DWP + cols, _to_dt(tl.sum(dw_acc, axis=0), WDT, EMULATE_BF16), mask=col_mask)
+        else:
+            tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -278,6 +283,11 @@ def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.con
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) (``triton.cdiv`` is a constexpr function in Triton >= 3.5: ~1 µs per call on the host)."""
+    return -(-a // b)
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -307,11 +317,11 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
         rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(y))
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype)
-    row_blocks = triton.cdiv(M, cfg.block_m)
+    row_blocks = _cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * _sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
-                          M, N, float(N), eps, offset, g, triton.cdiv(row_blocks, g)),
+                          M, N, float(N), eps, offset, g, _cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
                                       HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting],
                                       num_warps=cfg.num_warps, **_common(y)), interpret=INTERPRET)
@@ -342,22 +352,28 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                              lambda: dict(BLOCK_M=1, BLOCK_N=cfg.rowdot_block_n, HAS_WEIGHT=weight is not None,
                                           CASTING=CASTING_CODES[casting], num_warps=cfg.rowdot_warps, **_common(x)),
                              interpret=INTERPRET)
-    n_chunks = triton.cdiv(N, cfg.block_n)
-    row_blocks = triton.cdiv(M, cfg.block_m)
-    g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
-    partials = x.new_empty((g, N), dtype=cdt) if need_dweight else rstd
+    n_chunks = _cdiv(N, cfg.block_n)
+    row_blocks = _cdiv(M, cfg.block_m)
+    if M * N <= cfg.one_program_elems:
+        g = 1
+    else:
+        g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
+    direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
+    dweight = torch.empty_like(weight) if need_dweight else None
+    partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
     triton_launch.launch(("bwd", need_dx, need_dweight, *key), _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
-                          triton.cdiv(row_blocks, g), offset),
+                          _cdiv(row_blocks, g), offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
-                                      HAS_DH=has_dh,
-                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(x)),
+                                      HAS_DH=has_dh, DW_DIRECT=direct, CASTING=CASTING_CODES[casting],
+                                      WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
+                                      num_warps=cfg.num_warps, **_common(x)),
                          interpret=INTERPRET)
-    if not need_dweight:
-        return dx, None
-    dweight = torch.empty_like(weight)  # one launch (not torch's sum and cast: two ops, ~2x the host time)
-    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (triton.cdiv(N, REDUCE_BLOCK_N),),
+    if not need_dweight or direct:
+        return dx, dweight
+    # the partials' fixed-order sum: one launch (not torch's sum and cast: two ops, ~2x the host time)
+    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (_cdiv(N, REDUCE_BLOCK_N),),
                          (partials, dweight, g, N),
                          lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[cdt],
                                       WDT=_TL_DTYPES[weight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
