@@ -2,8 +2,8 @@
 
 Small call (8×4096 bf16, host-bound) and large calls (32768×4096, 65536×2304, 4096×65536 bf16, GPU-bound), forward
 and fwd+bwd, for torch ``F.rms_norm``, every torch backend of the registry, Liger (if installed) and JAX native,
-timed by ``timing.interleaved_samples`` / ``per_call`` (back-to-back loops, one sync each; ratios to torch paired
-by round); whether a CUDA graph captures each torch provider (``bench.capture``); then the host time of each layer
+timed by ``timing.interleaved_samples`` (back-to-back loops taking turns, one sync each; ratios to torch and to JAX
+paired by round); whether a CUDA graph captures each torch provider (``bench.capture``); then the host time of each layer
 of one small forward (launch route and DLPack route) and of one small fwd+bwd (launch route, beside an identity
 ``autograd.Function``: the floor of any Python autograd path), so the differences between rows are each layer's
 cost. fwd is a call without gradient; fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random
@@ -28,6 +28,7 @@ from torch_bridge import custom_ops, dlpack_route, jax_device, launch_route, ops
 
 SMALL, LARGE = (8, 4096), ((32768, 4096), (65536, 2304), (4096, 65536))
 REFERENCE = "torch F.rms_norm"
+JAX = "JAX native (jit)"
 TORCH_BACKENDS = tuple(b for b in registry.TORCH_BACKENDS if b != registry.DEFAULT_TORCH_BACKEND)
 
 
@@ -47,32 +48,30 @@ def torch_fns(n: int) -> dict[str, Callable]:
 
 
 def entries(x, w, dy) -> dict[str, tuple]:
-    """name -> (fwd, fwd+bwd, sync) over the same tensors."""
+    """name -> (fwd, fwd+bwd) over the same tensors."""
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     fns = torch_fns(x.shape[-1])
-    out = {k: (lambda f=f: f(x, w), lambda f=f: torch.autograd.grad(f(xg, wg), (xg, wg), dy), timing.torch_sync)
-           for k, f in fns.items()}
+    out = {k: (lambda f=f: f(x, w), lambda f=f: torch.autograd.grad(f(xg, wg), (xg, wg), dy)) for k, f in fns.items()}
     xj, wj, dyj = (dlpack_route.to_jax(t, jax_device.jax_device_for(t)) for t in (x, w, dy))
     f = lambda a, b: pallas_norm.rms_norm(a, b, eps=timing.EPS)  # noqa: E731  (the default, as pallas_launch runs)
     fwd, fwd_bwd = jax.jit(f), jax.jit(lambda a, b, c: jax.vjp(f, a, b)[1](c))
-    out["JAX native (jit)"] = (lambda: fwd(xj, wj), lambda: fwd_bwd(xj, wj, dyj), jax.block_until_ready)
+    out[JAX] = (lambda: fwd(xj, wj), lambda: fwd_bwd(xj, wj, dyj))
     return out
 
 
 def measure(shape, calls: int) -> dict[str, dict[str, float]]:
-    """Seconds per call, fwd and fwd+bwd; the torch providers' loops interleaved (``timing.interleaved_samples``)
-    so their ratios to torch ``F.rms_norm`` are from the same moments of the run."""
+    """Seconds per call, fwd and fwd+bwd, every provider's loop taking turns with the others'
+    (``timing.interleaved_samples``, one ``timing.sync_any`` per loop), so the ratios to torch ``F.rms_norm`` and
+    to JAX are from the same moments of the run (``"<mode> paired"``, ``"<mode> vs JAX paired"``)."""
     x, w, dy = timing.inputs(*shape, torch.bfloat16, 0.0, seed=0)
     runs = entries(x, w, dy)
-    jax_entry = runs.pop("JAX native (jit)")
     out = {}
     for i, mode in enumerate(("fwd", "fwd+bwd")):
-        samples = timing.interleaved_samples({name: r[i] for name, r in runs.items()}, timing.torch_sync, calls)
+        samples = timing.interleaved_samples({name: r[i] for name, r in runs.items()}, timing.sync_any, calls)
         for name, s in samples.items():
             out.setdefault(name, {})[mode] = statistics.median(s)
             out[name][f"{mode} paired"] = timing.paired_ratio(samples, name, REFERENCE)
-    out["JAX native (jit)"] = {mode: timing.per_call(jax_entry[i], jax_entry[2], calls)
-                               for i, mode in enumerate(("fwd", "fwd+bwd"))}
+            out[name][f"{mode} vs JAX paired"] = timing.paired_ratio(samples, name, JAX)
     return out
 
 
@@ -172,14 +171,15 @@ def markdown(result: dict) -> str:
     for shape, rows in large.items():
         m, n = map(int, shape.split("x"))
         nbytes = {"fwd": 2 * m * n * 2, "fwd+bwd": 5 * m * n * 2}
-        jref = rows["JAX native (jit)"]
+        jref = rows[JAX]
         out += ["", f"## Large call, {m}×{n} bf16 (vs the same kernel from JAX); copy {env['copy_tbps']:.2f} TB/s",
                 "", "| provider | fwd µs | fwd TB/s | vs JAX | fwd+bwd µs | fwd+bwd TB/s | vs JAX |",
                 "|---|---|---|---|---|---|---|"]
         for name, r in rows.items():
             cells = []
-            for k in ("fwd", "fwd+bwd"):
-                cells += [f"{1e6 * r[k]:.1f}", f"{nbytes[k] / r[k] / 1e12:.2f}", f"{100 * (r[k] / jref[k] - 1):+.1f}%"]
+            for k in ("fwd", "fwd+bwd"):  # vs JAX: paired by round when the run has it, else medians
+                vs_jax = r.get(f"{k} vs JAX paired", r[k] / jref[k])
+                cells += [f"{1e6 * r[k]:.1f}", f"{nbytes[k] / r[k] / 1e12:.2f}", f"{100 * (vs_jax - 1):+.1f}%"]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
     if "capture" in result:
         out += ["", f"## CUDA-graph capture, {SMALL[0]}×{SMALL[1]} bf16 (✓: replay on new inputs = eager bits)", "",

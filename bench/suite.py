@@ -4,6 +4,7 @@ latency, side by side in one run (timers and byte counts: ``bench.timing``)."""
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import jax
 import torch
@@ -66,16 +67,28 @@ def _error_row(p: Provider, mode: str, m: int, n: int, exc: Exception) -> dict:
     return dict(provider=p.name, mode=mode, m=m, n=n, error=f"{type(exc).__name__}: {str(exc)[:120]}")
 
 
-def measure_small(p: Provider, m: int, dtype: torch.dtype, casting: str, offset: float) -> list[dict]:
+def measure_small(provs: list[Provider], m: int, dtype: torch.dtype, casting: str, offset: float) -> list[dict]:
+    """Small calls (M×4096, host-bound) of the torch providers, their loops taking turns
+    (``timing.interleaved_samples``): ``us`` the median over rounds, ``x_torch`` the median of the per-round
+    ratios to torch F.rms_norm (the host's speed drifts by up to 2× within minutes; ratios within a round hold)."""
     x, w, dy = timing.inputs(m, 4096, dtype, offset)
-    sync = jax.block_until_ready if p.framework == "jax" else timing.torch_sync
-    try:
-        fns = p.build(x, w, dy, offset, casting)
-        return [dict(provider=p.name, mode=mode, m=m, n=4096, us=timing.per_call(fns[mode], sync, 300) * 1e6,
-                     small=True) for mode in ("fwd", "fwd+bwd")]
-    except Exception as exc:
-        return [dict(provider=p.name, mode=mode, m=m, n=4096, small=True, error=f"{type(exc).__name__}: {exc}")
-                for mode in ("fwd", "fwd+bwd")]
+    rows, fns = [], {}
+    for p in provs:
+        try:
+            built = p.build(x, w, dy, offset, casting)
+            fns.update({(p.name, mode): built[mode] for mode in ("fwd", "fwd+bwd")})
+        except Exception as exc:  # noqa: BLE001 - recorded as the provider's rows
+            rows += [dict(provider=p.name, mode=mode, m=m, n=4096, small=True, error=f"{type(exc).__name__}: {exc}")
+                     for mode in ("fwd", "fwd+bwd")]
+    for mode in ("fwd", "fwd+bwd"):
+        samples = timing.interleaved_samples({name: fn for (name, md), fn in fns.items() if md == mode},
+                                             timing.torch_sync, 300)
+        for name, sec in samples.items():
+            row = dict(provider=name, mode=mode, m=m, n=4096, us=1e6 * statistics.median(sec), small=True)
+            if "torch_native" in samples:
+                row["x_torch"] = timing.paired_ratio(samples, name, "torch_native")
+            rows.append(row)
+    return rows
 
 
 def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=None) -> dict:
@@ -97,8 +110,8 @@ def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=
             bar.advance(task)
             if on_row:
                 on_row(dict(env=env, rows=rows))
-        for m, p in itertools.product(SMALL_MS if small else (), [p for p in provs if p.framework == "torch"]):
-            bar.update(task, description=f"small call {p.name} M={m}")
-            rows += measure_small(p, m, dt, casting, offset)
-            bar.advance(task)
+        for m in SMALL_MS if small else ():
+            bar.update(task, description=f"small calls M={m}")
+            rows += measure_small([p for p in provs if p.framework == "torch"], m, dt, casting, offset)
+            bar.advance(task, n_torch)
     return dict(env=env, rows=rows)

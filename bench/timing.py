@@ -123,6 +123,15 @@ def torch_sync(_=None) -> None:
     torch.cuda.synchronize()
 
 
+def sync_any(out=None) -> None:
+    """Wait for ``out``'s JAX arrays (JAX may still be enqueueing them), then for the whole device (torch's work):
+    one sync for loops of torch and JAX calls taking turns."""
+    import jax
+
+    jax.block_until_ready([a for a in jax.tree.leaves(out) if isinstance(a, jax.Array)])
+    torch_sync()
+
+
 def copy_tbps(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read + written (torch ``copy_``, do_bench median)."""
     import torch

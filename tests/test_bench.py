@@ -30,6 +30,18 @@ def fake_run(pallas_fwd_tbps: float) -> dict:
     return dict(env=ENV, rows=rows)
 
 
+def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
+    """The suite's small calls take turns and store the per-round ratio ``x_torch``; the table and the target use
+    it (here 2.3×, where the ratio of the two medians would say 1.5× and pass)."""
+    run = fake_run(2.95)
+    next(r for r in run["rows"] if r["provider"] == "pallas_launch" and r.get("small"))["x_torch"] = 2.3
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    text = bench_cli.render([str(path)], tmp_path / "out")[0].read_text()
+    assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 2.3× – 2.3× | ✗ |" in text
+    assert "| 30 (2.3×) |" in text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 @pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
@@ -112,6 +124,26 @@ def test_step_pairs_fused_with_unfused_by_round():
     assert "| llama | pallas | 1169 | 3556 | 4725 | 63.2 |" in step.markdown(result)
 
 
+def test_step_fused_vs_unfused_counts_the_rounds_fused_wins(monkeypatch):
+    """The dedicated pairing times the two providers alone and reports the median ratio and the rounds in which
+    the fused loop was faster (round 2 slower for both: drift; round 2's fused loop lost)."""
+    from bench import step
+
+    timed = {}
+
+    def fake(fns, sync, calls, repeats):
+        timed.update(names=tuple(fns), calls=calls, repeats=repeats)
+        return {"pallas": [1.0, 2.0, 1.0], "pallas+fused": [0.99, 2.02, 0.98]}
+
+    monkeypatch.setattr(timing, "interleaved_samples", fake)
+    paired = step.fused_vs_unfused({"hf": None, "pallas": None, "pallas+fused": None}, "pallas+fused", rounds=3)
+    assert timed == dict(names=("pallas", "pallas+fused"), calls=step.PAIR_STEPS, repeats=3)
+    assert paired == dict(ratio=pytest.approx(0.99), faster=2, rounds=3)
+    result = dict(env=ENV, shape=step.SHAPE, ms={"llama": {"hf": 80.0, "pallas": 66.0, "pallas+fused": 65.0}},
+                  fused_vs_unfused={"llama": {"pallas+fused": paired}})
+    assert "| llama | pallas+fused | 65.0 | 0.812 | 0.9900 (faster in 2/3 rounds) |" in step.markdown(result)
+
+
 def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
     """A provider whose backward refuses a shape (Mosaic GPU past 65536 columns) keeps its forward row; the
     broken variant (one error for the whole provider) would give three error rows."""
@@ -145,3 +177,9 @@ def test_overhead_small_call_ratio_is_paired_by_round():
     result["bwd_layers_us"] = {"identity": 99.7}
     text = overhead.markdown(result)
     assert "| backend=pallas_launch | 20.0 | 1.80 | 250.0 | 1.90 |" in text and "| 99.7 | identity |" in text
+    large = {overhead.REFERENCE: {"fwd": 300e-6, "fwd+bwd": 900e-6}, overhead.JAX: {"fwd": 200e-6, "fwd+bwd": 500e-6},
+             "backend=pallas_launch": {"fwd": 202e-6, "fwd+bwd": 520e-6}}
+    result["large"] = {"32768x4096": large}
+    assert "| backend=pallas_launch | 202.0 | 2.66 | +1.0% | 520.0 | 2.58 | +4.0% |" in overhead.markdown(result)
+    large["backend=pallas_launch"].update({"fwd vs JAX paired": 1.005, "fwd+bwd vs JAX paired": 1.02})
+    assert "| backend=pallas_launch | 202.0 | 2.66 | +0.5% | 520.0 | 2.58 | +2.0% |" in overhead.markdown(result)
