@@ -1,7 +1,7 @@
 """``python -m bench``: our kernels and every peer side by side on the GPU; results in bench/results/.
 
-    python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b] [--no-small]
-                            [--out DIR]
+    python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b]
+                            [--no-small | --small-only] [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--profile | --trace] [--out DIR]
@@ -42,14 +42,17 @@ def suite_stem(env: dict) -> str:
 
 
 def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
-    """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy) and write them
-    (with the merged JSON when there are several)."""
+    """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy; a row measured
+    again in a later run replaces the earlier one) and write them (with the merged JSON when there are several)."""
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     env = dict(runs[0]["env"])
     env["copy_tbps"] = max(r["env"]["copy_tbps"] for r in runs)
     if len(runs) > 1:
         env["copy_note"] = ", ".join(f"{r['env']['copy_tbps']:.2f}" for r in runs)
-    merged = dict(env=env, rows=[row for r in runs for row in r["rows"]])
+    rows = {}  # a later run's row replaces an earlier one's (same provider, mode, shape, small or not)
+    for r in runs:
+        rows.update({(row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))): row for row in r["rows"]})
+    merged = dict(env=env, rows=list(rows.values()))
     paths = report.write(merged, out, suite_stem(env))
     if len(runs) > 1:  # the merged raw rows too, so the files re-render from what they show
         paths.append(out / f"{suite_stem(env)}.json")
@@ -83,7 +86,10 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=None,
                            help="comma-separated: pallas (Triton lowering), mosaic, triton (default: all)")
         if name == "suite":
-            s.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
+            small = s.add_mutually_exclusive_group()
+            small.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
+            small.add_argument("--small-only", action="store_true",
+                               help="only the small-call table (merge it into a full run with `render`)")
             s.add_argument("--providers", type=lambda t: tuple(t.split(",")), default=None,
                            help="comma-separated provider names (default: all; merge runs with `render`)")
     o = sub.add_parser("overhead")
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                       out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}{tag}")
     from bench import suite
 
-    shapes = args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)
+    shapes = () if args.small_only else args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)
     partial = out / f"run_{args.dtype}_{args.casting}.json"
     save = lambda result: partial.write_text(json.dumps(result))  # noqa: E731  (partial results survive a kill)
     result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save, only=args.providers)

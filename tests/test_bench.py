@@ -62,8 +62,17 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     rows = list(csv.DictReader(csv_path.open()))
     assert {"gpu", "driver", "jax", "torch", "triton", "date", "copy_tbps"} <= set(rows[0])
     assert rows[0]["gpu"] == ENV["gpu"] and rows[0]["provider"] == "pallas" and png.stat().st_size > 10_000
-    *_, merged = bench_cli.render([str(path), str(path)], tmp_path / "twice")  # several runs: the merged JSON too
-    assert len(json.loads(merged.read_text())["rows"]) == 2 * len(fake_run(2.95)["rows"])
+    later = tmp_path / "later.json"  # a later run (e.g. --small-only) re-measures one row, adds another
+    run = fake_run(2.95)
+    run["rows"] = [dict(provider="pallas_launch", mode="fwd", m=8, n=4096, us=25.0, small=True, x_torch=1.25),
+                   dict(provider="pallas_launch", mode="fwd", m=1, n=4096, us=22.0, small=True, x_torch=1.1)]
+    later.write_text(json.dumps(run))
+    *_, merged = bench_cli.render([str(path), str(later)], tmp_path / "twice")  # several runs: the merged JSON too
+    rows = json.loads(merged.read_text())["rows"]
+    assert len(rows) == len(fake_run(2.95)["rows"]) + 1
+    assert [r["us"] for r in rows if r["provider"] == "pallas_launch" and r["m"] == 8] == [25.0]
+    text = (tmp_path / "twice" / md.name).read_text()
+    assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 1.1× – 1.2× | ✓ |" in text
 
 
 def test_targets_mark_a_miss():
