@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
+from .pallas_config import ONE_PROGRAM_ELEMS
 
 MOSAIC_BWD_COLS = (1024, 65536)  # the backward runs on Mosaic GPU for lo <= N <= hi
 TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
@@ -30,11 +31,15 @@ MOSAIC_FWD_COLS = (16384, 65536)  # the forward runs on Mosaic GPU for lo < N <=
 MOSAIC_ALIGN = 128
 
 
-def lowering(backward: bool, n: int, config: object = None) -> str:
-    """``"pallas"`` or ``"mosaic"`` for one launch of rows of ``n`` columns."""
+def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None) -> str:
+    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns. A backward of at
+    most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs it as one launch (one
+    program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such calls are host-bound."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
+        return "pallas"
+    if backward and m is not None and m * n <= ONE_PROGRAM_ELEMS:
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS

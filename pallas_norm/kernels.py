@@ -5,7 +5,8 @@ All on 2-D ``(m, n)`` inputs with m >= 1 (the API handles empty inputs), tiled b
 Forward: one program per ``block_rows`` rows when the row is resident in registers; long rows are walked in
 column chunks (sum of squares first, then normalise, backwards) by a persistent grid. Backward: a persistent grid
 of ``config.programs`` programs, each keeping a float32 ``dweight`` partial in registers; the partials are then
-summed in a fixed order by ``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible.
+summed in a fixed order by ``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible; a grid
+of one program stores ``dweight`` itself (one launch).
 """
 
 from __future__ import annotations
@@ -177,7 +178,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         return dw_acc
 
     dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use, jnp.zeros((bc,), F32))
-    if need_dw:
+    if need_dw and len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
+        backend.store(dwp_ref.at[cols], dw.astype(dwp_ref.dtype), cmask)
+    elif need_dw:
         backend.store(dwp_ref.at[pid, cols], dw, cmask)
 
 
@@ -245,8 +248,10 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     out_shape = []
     if need_dx:
         out_shape.append(jax.ShapeDtypeStruct((m, n), x.dtype))
+    direct = need_dw and config.programs == 1  # the one program stores dweight: no partials, no reduction
     if need_dw:
-        out_shape.append(jax.ShapeDtypeStruct((config.programs, n), F32))
+        out_shape.append(jax.ShapeDtypeStruct((n,), weight.dtype) if direct else
+                         jax.ShapeDtypeStruct((config.programs, n), F32))
     if not out_shape:
         return None, None
     fused = dh_out is not None and need_dx
@@ -270,8 +275,8 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
         )(x, *w_args, *row_args, rstd, sum_gx)
     outs = list(outs)
     dx = outs.pop(0) if need_dx else None
-    dweight = None
-    if need_dw:
+    dweight = outs.pop(0) if direct else None
+    if need_dw and not direct:
         dweight = pl.pallas_call(
             functools.partial(_dweight_reduce_kernel, n=n, parts=config.programs),
             out_shape=jax.ShapeDtypeStruct((n,), weight.dtype), grid=(cdiv(n, REDUCE_COLS),),

@@ -33,6 +33,9 @@ FWD_CHUNKED = (16384, 32, 2, True)
 BWD_RESIDENT = {128: (16384, 16, 1, False, False), 256: (16384, 16, 1, False, False),
                 **dict.fromkeys((512, 1024, 2048, 4096, 8192), (8192, 16, 1, True, False)),
                 16384: (16384, 16, 1, False, True)}
+# Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
+# one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
+ONE_PROGRAM_ELEMS = 1 << 16
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
@@ -106,8 +109,9 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
-    return fit(Config(block_rows, n_pad, warps, programs=_grid(per_sm, 1, True), prefetch=prefetch,
-                      reload_weight=reload_weight), m, n, backward=True)
+    programs = 1 if m * n <= ONE_PROGRAM_ELEMS else _grid(per_sm, 1, True)
+    return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight),
+               m, n, backward=True)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

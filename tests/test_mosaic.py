@@ -173,6 +173,9 @@ def test_auto_table(monkeypatch, capable):
         assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
         assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
     assert auto.lowering(True, 128, MosaicConfig()) == "mosaic"  # a config picks its lowering
+    # a backward small enough for one program takes the Triton lowering (one launch), a larger one the table's
+    assert auto.lowering(True, 4096, m=16) == "pallas"
+    assert auto.lowering(True, 4096, m=17) == ("mosaic" if capable else "pallas")
     assert auto.lowering(False, 32768, pn.Config(block_rows=1, block_cols=4096, num_warps=8)) == "pallas"
 
 

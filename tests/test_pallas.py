@@ -103,6 +103,23 @@ def test_access_order_changes_no_bits(case, monkeypatch):
     assert not all(np.array_equal(g, r) for g, r in zip(broken, want))
 
 
+@pytest.mark.parametrize("casting", ["llama", "gemma"])
+def test_small_backward_is_one_launch(casting):
+    """A backward of at most ``ONE_PROGRAM_ELEMS`` elements runs one program that stores dweight itself (no
+    partials, no reduction kernel); a larger one, or a forced grid of several programs, reduces the partials.
+    Both held to the accuracy rule."""
+    offset = 1.0 if casting == "gemma" else 0.0
+    kw = dict(eps=1e-6, offset=offset, casting=casting)
+    small = pallas_config.ONE_PROGRAM_ELEMS // 512
+    assert pallas_config.heuristic(small, 512, backward=True).programs == 1
+    assert pallas_config.heuristic(small + 1, 512, backward=True).programs > 1
+    for rows, bwd_config, reduced in ((small, None, False), (37, Config(2, 512, 4, programs=3), True)):
+        x, w, dy = jax_inputs((rows, 500), jnp.bfloat16, offset, seed=12)
+        check_jax(x, w, dy, "interpret", bwd_config=bwd_config, **kw)
+        jaxpr = str(jax.make_jaxpr(lambda a, b: jax_vjp("interpret", a, b, dy, bwd_config=bwd_config, **kw))(x, w))
+        assert "pallas_norm_bwd" in jaxpr and ("pallas_norm_dweight_reduce" in jaxpr) == reduced
+
+
 def test_bad_configs():
     with pytest.raises(ValueError, match="block_cols must be a power of two"):
         Config(block_rows=1, block_cols=100, num_warps=4)

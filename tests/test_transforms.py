@@ -50,7 +50,7 @@ def test_checkpoint_recomputes_with_the_named_kernel():
     f = lambda x, w: jnp.sum(jax.checkpoint(lambda x, w: pn.rms_norm(x, w, impl=KERNEL))(x, w) * dy)
     jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
     assert jaxpr.count("pallas_norm_fwd") >= 1 and "pallas_norm_bwd" in jaxpr
-    assert "pallas_norm_dweight_reduce" in jaxpr
+    assert "pallas_norm_dweight_reduce" not in jaxpr  # 1024 elements: one program stores dweight itself
     g = jax.grad(f, argnums=(0, 1))(x, w)
     g_ref = jax.grad(loss_fn(KERNEL), argnums=(0, 1))(x, w, dy)
     for a, b in zip(g, g_ref):
