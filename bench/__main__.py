@@ -48,7 +48,7 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     env = dict(runs[0]["env"])
     env["copy_tbps"] = max(r["env"]["copy_tbps"] for r in runs)
     if len(runs) > 1:
-        env["copy_note"] = ", ".join(f"{r['env']['copy_tbps']:.2f}" for r in runs)
+        env["copy_note"] = ", ".join(r["env"].get("copy_note") or f"{r['env']['copy_tbps']:.2f}" for r in runs)
     rows = {}  # a later run's row replaces an earlier one's (same provider, mode, shape, small or not)
     for r in runs:
         rows.update({(row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))): row for row in r["rows"]})

@@ -182,9 +182,12 @@ def plot(result: dict, path: pathlib.Path) -> None:
 
 
 def write(result: dict, out_dir: pathlib.Path, stem: str) -> list[pathlib.Path]:
+    """``stem``.md and .csv, and the .png plot when the run has shapes to plot (not a ``--small-only`` run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.csv", out_dir / f"{stem}.png"]
+    paths = [out_dir / f"{stem}.md", out_dir / f"{stem}.csv"]
     paths[0].write_text(markdown(result))
     paths[1].write_text(csv_text(result))
-    plot(result, paths[2])
+    if any("tbps" in r and not r.get("small") for r in result["rows"]):
+        paths.append(out_dir / f"{stem}.png")
+        plot(result, paths[2])
     return paths

@@ -82,7 +82,7 @@ def measure_small(provs: list[Provider], m: int, dtype: torch.dtype, casting: st
                      for mode in ("fwd", "fwd+bwd")]
     for mode in ("fwd", "fwd+bwd"):
         samples = timing.interleaved_samples({name: fn for (name, md), fn in fns.items() if md == mode},
-                                             timing.torch_sync, 300)
+                                             timing.torch_sync, 300, repeats=15)
         for name, sec in samples.items():
             row = dict(provider=name, mode=mode, m=m, n=4096, us=1e6 * statistics.median(sec), small=True)
             if "torch_native" in samples:

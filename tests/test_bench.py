@@ -73,6 +73,7 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     assert [r["us"] for r in rows if r["provider"] == "pallas_launch" and r["m"] == 8] == [25.0]
     text = (tmp_path / "twice" / md.name).read_text()
     assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 1.1× – 1.2× | ✓ |" in text
+    assert [p.suffix for p in bench_cli.render([str(later)], tmp_path / "small")] == [".md", ".csv"]  # no plot
 
 
 def test_targets_mark_a_miss():
