@@ -50,8 +50,8 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     if len(runs) > 1:
         env["copy_note"] = ", ".join(r["env"].get("copy_note") or f"{r['env']['copy_tbps']:.2f}" for r in runs)
     rows = {}  # a later run's row replaces an earlier one's (same provider, mode, shape, small or not)
-    for r in runs:
-        rows.update({(row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))): row for row in r["rows"]})
+    for row in (row for r in runs for row in r["rows"]):
+        rows[row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))] = row
     merged = dict(env=env, rows=list(rows.values()))
     paths = report.write(merged, out, suite_stem(env))
     if len(runs) > 1:  # the merged raw rows too, so the files re-render from what they show
