@@ -4,7 +4,7 @@
                             [--no-small | --small-only] [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
-    python -m bench step [--profile | --trace] [--out DIR]
+    python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
@@ -97,8 +97,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="bench/results")
     st = sub.add_parser("step")
     st.add_argument("--profile", action="store_true", help="also GPU time per step in norm and add kernels")
-    st.add_argument("--trace", action="store_true", help="only write Chrome traces of one Llama step (pallas, "
-                    "pallas+fused) to --out")
+    st.add_argument("--trace", action="store_true", help="only trace one Llama step (hf, pallas, "
+                    "pallas+fused) to --out, and report where the GPU idles (bench.gaps)")
     st.add_argument("--out", default="bench/results")
     fu = sub.add_parser("fused")
     fu.add_argument("--quick", action="store_true", help="one shape per table")
@@ -150,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         from bench import step
 
         if args.trace:
-            print("\n".join(map(str, step.write_traces(out))))
+            from bench import gaps
+
+            paths = step.write_traces(out)
+            env = timing.environment()
+            text = gaps.report(paths, env)
+            (out / f"step_trace_{timing.gpu_slug(env['gpu'])}.md").write_text(text)
+            print(text + "\n".join(map(str, paths)))
             return 0
         result = step.run(profile=args.profile)
         return _write(step, result, out / f"step_{timing.gpu_slug(result['env']['gpu'])}")

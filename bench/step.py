@@ -98,9 +98,10 @@ def kernel_us_by_kind(step: Callable[[], object], steps: int = 5) -> dict[str, f
     return out
 
 
-def write_traces(out_dir, family: str = "llama", providers: tuple[str, ...] = ("pallas", "pallas+fused")) -> list:
+def write_traces(out_dir, family: str = "llama", providers: tuple[str, ...] = ("hf", "pallas", "pallas+fused")
+                 ) -> list:
     """One step of ``family`` per provider as a Chrome trace (CPU ops and CUDA kernels, ``torch.profiler``) in
-    ``out_dir``: where the GPU waits for the host inside a step."""
+    ``out_dir``: where the GPU waits for the host inside a step (``bench.gaps`` reads them)."""
     import pathlib
 
     from torch.profiler import ProfilerActivity, profile

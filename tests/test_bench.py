@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -193,3 +194,26 @@ def test_overhead_small_call_ratio_is_paired_by_round():
     assert "| backend=pallas_launch | 202.0 | 2.66 | +1.0% | 520.0 | 2.58 | +4.0% |" in overhead.markdown(result)
     large["backend=pallas_launch"].update({"fwd vs JAX paired": 1.005, "fwd+bwd vs JAX paired": 1.02})
     assert "| backend=pallas_launch | 202.0 | 2.66 | +0.5% | 520.0 | 2.58 | +2.0% |" in overhead.markdown(result)
+
+
+def test_gaps_finds_idle_time_and_the_op_that_launched_the_next_kernel(tmp_path):
+    """Two overlapping kernels, then a 50 µs gap before a third launched inside ``my_norm`` (nested in
+    ``aten::linear``), then a memset 2 µs later; the gap is 50 µs early in the span, attributed to the innermost op."""
+    from bench import gaps
+
+    events = [dict(cat="kernel", name="k1", ts=0.0, dur=10.0), dict(cat="kernel", name="k2", ts=5.0, dur=15.0),
+              dict(cat="kernel", name="k3", ts=70.0, dur=300.0, args=dict(correlation=7)),
+              dict(cat="gpu_memset", name="Memset", ts=372.0, dur=28.0),
+              dict(cat="cpu_op", name="aten::linear", ts=40.0, dur=100.0),
+              dict(cat="cpu_op", name="my_norm", ts=60.0, dur=20.0),
+              dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=65.0, dur=3.0, args=dict(correlation=7))]
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(dict(traceEvents=events)).encode()))
+    s = gaps.idle(gaps.load(path))
+    assert (s["gpu_events"], s["span_ms"], s["busy_ms"], s["idle_ms"]) == (4, 0.4, 0.348, pytest.approx(0.052))
+    assert s["idle_first_tenth_ms"] == pytest.approx(0.05)  # the 50 µs gap starts at 20 of 400 µs, the 2 µs at 370
+    assert s["idle_by_size_us"] == {"< 5 µs": 2.0, "5–20 µs": 0.0, "20–100 µs": 50.0, "≥ 100 µs": 0.0}
+    assert s["gaps"][0] == gaps.Gap(50.0, 0.02, "k3", "my_norm") and s["gaps"][1].launched_in == "?"
+    text = gaps.report([path], ENV)
+    assert "| 50.0 | 0.02 | `k3` | my_norm |" in text and "busy 0.35 ms, idle 0.05 ms" in text
+
