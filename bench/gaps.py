@@ -92,4 +92,3 @@ def report(paths, env: dict) -> str:
             "starts after a sync, as every traced step does).", ""]
     sections = [markdown(pathlib.Path(p).name.split(".")[0], idle(load(p))) for p in paths]
     return "\n".join(head) + "\n" + "\n".join(sections)
-

@@ -4,9 +4,9 @@ Small call (8×4096 bf16, host-bound) and large calls (32768×4096, 65536×2304,
 and fwd+bwd, for torch ``F.rms_norm``, every torch backend of the registry, Liger (if installed) and JAX native,
 timed by ``timing.interleaved_samples`` (back-to-back loops taking turns, one sync each; ratios to torch and to
 JAX paired by round); whether a CUDA graph captures each torch provider (``bench.capture``); then the host time of
-each layer of one small forward (launch route and DLPack route) and of one small fwd+bwd (launch route, beside an identity
-``autograd.Function``: the floor of any Python autograd path), so the differences between rows are each layer's
-cost. fwd is a call without gradient; fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random
+each layer of one small forward (launch route and DLPack route) and of one small fwd+bwd (launch route, beside an
+identity ``autograd.Function``: the floor of any Python autograd path), so the differences between rows are each
+layer's cost. fwd is a call without gradient; fwd+bwd is ``torch.autograd.grad`` of a fresh forward with a random
 cotangent, and one jitted ``jax.vjp`` in JAX.
 """
 
