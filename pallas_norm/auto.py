@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import ONE_PROGRAM_ELEMS
+from .pallas_config import one_program
 
 MOSAIC_BWD_COLS = (1024, 65536)  # the backward runs on Mosaic GPU for lo <= N <= hi
 TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
@@ -39,7 +39,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
         return "pallas"
-    if backward and m is not None and m * n <= ONE_PROGRAM_ELEMS:
+    if backward and m is not None and one_program(m, n):
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS

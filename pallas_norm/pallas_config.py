@@ -49,6 +49,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def one_program(m: int, n: int) -> bool:
+    """Whether an ``(m, n)`` backward is small enough for one program (``ONE_PROGRAM_ELEMS``)."""
+    return m * n <= ONE_PROGRAM_ELEMS
+
+
 def _pow2(name: str, v: object, limit: int) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1) or v > limit:
         raise ValueError(f"{name} must be a power of two in [1, {limit}], got {v!r}")
@@ -109,7 +114,7 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
-    programs = 1 if m * n <= ONE_PROGRAM_ELEMS else _grid(per_sm, 1, True)
+    programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight),
                m, n, backward=True)
 

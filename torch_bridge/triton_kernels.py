@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
 from torch_bridge import custom_ops, triton_config, triton_launch
 from torch_bridge.triton_config import Config
 
@@ -283,11 +284,6 @@ def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.con
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) (``triton.cdiv`` is a constexpr function in Triton >= 3.5: ~1 µs per call on the host)."""
-    return -(-a // b)
-
-
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -317,11 +313,11 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
         rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(y))
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype)
-    row_blocks = _cdiv(M, cfg.block_m)
+    row_blocks = cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * _sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
-                          M, N, float(N), eps, offset, g, _cdiv(row_blocks, g)),
+                          M, N, float(N), eps, offset, g, cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
                                       HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting],
                                       num_warps=cfg.num_warps, **_common(y)), interpret=INTERPRET)
@@ -352,8 +348,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                              lambda: dict(BLOCK_M=1, BLOCK_N=cfg.rowdot_block_n, HAS_WEIGHT=weight is not None,
                                           CASTING=CASTING_CODES[casting], num_warps=cfg.rowdot_warps, **_common(x)),
                              interpret=INTERPRET)
-    n_chunks = _cdiv(N, cfg.block_n)
-    row_blocks = _cdiv(M, cfg.block_m)
+    n_chunks = cdiv(N, cfg.block_n)
+    row_blocks = cdiv(M, cfg.block_m)
     if M * N <= cfg.one_program_elems:
         g = 1
     else:
@@ -363,7 +359,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
     triton_launch.launch(("bwd", need_dx, need_dweight, *key), _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
-                          _cdiv(row_blocks, g), offset),
+                          cdiv(row_blocks, g), offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
                                       HAS_DH=has_dh, DW_DIRECT=direct, CASTING=CASTING_CODES[casting],
@@ -373,7 +369,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     if not need_dweight or direct:
         return dx, dweight
     # the partials' fixed-order sum: one launch (not torch's sum and cast: two ops, ~2x the host time)
-    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (_cdiv(N, REDUCE_BLOCK_N),),
+    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (cdiv(N, REDUCE_BLOCK_N),),
                          (partials, dweight, g, N),
                          lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[cdt],
                                       WDT=_TL_DTYPES[weight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
