@@ -68,9 +68,9 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
             {max(1, base.block_rows // 2), 2 * base.block_rows} - {base.block_rows}, (2, 4, 8))]
     else:
         grid = [dict(cluster=c, programs_per_sm=p, stages=s) for c, p, s in itertools.product(
-            (2, 4, 8), (1, 2) if quick else (1, 2, 4), (2,) if quick else (2, 3))]
+            (2, 4, 8), (1, 2) if quick else (1, 2, 4), (1, 2) if quick else (1, 2, 3))]
         grid += [] if quick else [dict(cluster=8, programs_per_sm=p, stages=s, weight_in_smem=False)
-                                  for p, s in itertools.product((2, 4), (2, 3))]  # the weight from L2: more stages
+                                  for p, s in itertools.product((2, 4), (1, 2, 3))]  # the weight from L2: more CTAs
     rows = itemsize * (2 if backward else 1)
     plans, out = {None}, [None]
     plans.add(_mosaic_plan(None, m, n, rows, itemsize, backward))

@@ -12,11 +12,17 @@ Mosaic GPU (compute capability >= 9.0) and rows that need no padding (a multiple
 (plain and fused, which must agree: the fused add's ``dweight`` is ``rms_norm``'s bits) on Mosaic GPU from 1024 to
 65536 columns but 8192 (per-head rows of 128 and 256 columns ran at a third and a half of the Triton lowering's
 speed on Mosaic GPU, ``bench/results/fused_h100.md``: one element per thread and a warpgroup reduction per row), the
-forward (plain and fused) for 16384 < N ≤ 65536; everything else on the Triton lowering (``"pallas"``), which also
+forward (plain and fused) for 16384 < N ≤ 65536 (131072 later: below); everything else on the Triton lowering (``"pallas"``), which also
 takes the longest rows (the Mosaic backward cannot hold them; its forward is slower there). The suite rerun with
 the kernels timed by their own durations (same file, later) agrees, but for 32768×4096, where the Triton lowering's
 backward read 2% faster (2.71 against 2.65): within run-to-run noise, left as it is. A config passed for a
 direction picks its lowering (``Config``: Triton, ``MosaicConfig``: Mosaic GPU).
+
+Later (2026-11-24, fifth session): the Mosaic kernels' two-stage pipeline loads the next block before computing
+the current one, and 131072-column forwards run one stage with two CTAs per SM: Mosaic's forward at 2048×131072
+read 2.54 TB/s against the Triton lowering's 2.22, timed by kernel durations in the same process
+(``sweep_h100_bfloat16_llama_mosaic_long.md``), so the forward runs on Mosaic GPU up to 131072 columns. At 262144
+one warpgroup walks 32768 columns per row and CTA (1.39 at best against 2.00): still the Triton lowering.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from .pallas_config import one_program
 
 MOSAIC_BWD_COLS = (1024, 65536)  # the backward runs on Mosaic GPU for lo <= N <= hi
 TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
-MOSAIC_FWD_COLS = (16384, 65536)  # the forward runs on Mosaic GPU for lo < N <= hi
+MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
 

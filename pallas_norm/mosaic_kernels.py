@@ -83,25 +83,42 @@ class _Staging:
             plgpu.copy_smem_to_gmem(s, g, commit_group=i == len(moves) - 1)
 
     def pipeline(self, loads, bars, step, carry):
-        """``carry = step(t, s, carry)`` for each block ``t`` of this CTA, loads ``stages - 1`` blocks ahead
-        (``step`` issues the block's stores; a stage is reloaded once the store reading it is done)."""
+        """``carry = step(t, s, carry)`` for each block ``t`` of this CTA (``step`` issues the block's stores; a
+        stage is reloaded once the store reading it is done). Blocks ``0 … stages - 2`` are loaded before the loop.
+
+        Two stages: block ``t + 1`` is loaded into the stage block ``t - 1`` was stored from *before* block ``t``
+        is computed (waiting for that store's reads first), so one load is in flight during the compute; loading it
+        after (the order for more stages) would leave none. More stages: the load of block ``t + stages - 1`` is
+        issued after block ``t``'s compute, once the store of block ``t - 1`` is done (a store still in flight is
+        not waited for); ``stages - 2`` loads are in flight during the compute. H100 (bf16, kernels timed;
+        ``docs/benchmarks.md``): two stages, load first, 2048×131072 forward (cluster 8, weight in shared memory)
+        1.65 → 2.31 TB/s, 4096×65536 backward 1.98 → 2.41; three stages, load first, slower everywhere measured
+        (2048×131072 forward 1.49 → 1.35)."""
         plgpu, pl = backend.mosaic(), _pl()
         stages = self.plan.stages
+        first = stages == 2
         ahead = max(stages - 1, 1)
-        for j in range(ahead):
+        for j in range(ahead if not first else 1):
             @pl.when(j < self.count)
             def _():
                 self.load(j, loads, bars)
 
         def body(t, c):
             s = t % stages
+            if first:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                @pl.when(t + 1 < self.count)
+                def _():
+                    self.load(t + 1, loads, bars)
             plgpu.barrier_wait(bars.at[s])
             c = step(t, s, c)
-            plgpu.wait_smem_to_gmem(1 if stages > 1 else 0, wait_read_only=True)
+            if not first:
+                plgpu.wait_smem_to_gmem(1 if stages > 1 else 0, wait_read_only=True)
 
-            @pl.when(t + ahead < self.count)
-            def _():
-                self.load(t + ahead, loads, bars)
+                @pl.when(t + ahead < self.count)
+                def _():
+                    self.load(t + ahead, loads, bars)
             return c
 
         return lax.fori_loop(0, self.count, body, carry)

@@ -124,9 +124,11 @@ def test_gpu_large_shapes(m, n, casting, offset):
 
 @pytest.mark.gpu
 @hopper
-def test_gpu_longest_rows_forward():
-    """1024 × 262144: the forward on a cluster of 8 (the backward is refused: test_errors)."""
-    x, w, dy = jax_inputs((1024, 262144), jnp.bfloat16, 1.0, seed=5)
+@pytest.mark.parametrize("m,n", [(2048, 131072), (1024, 262144)])
+def test_gpu_longest_rows_forward(m, n):
+    """The longest rows' forward on a cluster of 8 (one stage and two CTAs per SM at 131072, two stages at 262144;
+    the backward is refused: test_errors)."""
+    x, w, dy = jax_inputs((m, n), jnp.bfloat16, 1.0, seed=5)
     y, rstd = pn.rms_norm_with_rstd(x, w, impl="mosaic", casting="gemma", offset=1.0)
     y_ref, rstd_ref = pn.rms_norm_with_rstd(x, w, impl="pallas", casting="gemma", offset=1.0)
     np.testing.assert_allclose(np.asarray(rstd), np.asarray(rstd_ref), rtol=2e-6)
@@ -163,12 +165,12 @@ def test_gpu_clusters_are_race_free():
 def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
     and rows of 128·k columns; the backward from 1024 to 65536 columns but 8192 (per-head rows of 128 stay on the
-    Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 65536."""
+    Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 131072."""
     from pallas_norm import auto
 
     monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
     mosaic_bwd = {1024, 2304, 4096, 16384, 32768, 65536}
-    mosaic_fwd = {32768, 65536}
+    mosaic_fwd = {32768, 65536, 131072}
     for n in (64, 128, 256, 1000, 1024, 2304, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
         assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
         assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
