@@ -20,6 +20,8 @@ pytestmark = pytest.mark.gpu
         ((65536, 2304), torch.bfloat16, "gemma", 1.0),
         ((65536, 2304), torch.float16, "none", 0.0),
         ((1024, 262144), torch.bfloat16, "llama", 0.0),
+        ((2048, 32768), torch.bfloat16, "gemma", 1.0),
+        ((1000, 30000), torch.float16, "none", 0.0),
         ((4096, 20000), torch.float32, "gemma", 1.0),
         ((3, 65537), torch.bfloat16, "none", 0.0),
     ],

@@ -7,7 +7,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass)
+FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass; the backward)
+# The forward holds rows up to this length in registers (16 warps: 64 elements per thread at 32768). H100, bf16,
+# kernels timed (2026-11-24, fifth session): 8192×32768 3.00 TB/s against 2.36 in column chunks (the fused add
+# 3.00 against 2.14); 4096×65536 held whole read 1.92–1.98 against 2.13 chunked, so longer rows stay chunked.
+FWD_RESIDENT_MAX_N = 32768
 CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row-dot pass
 BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
@@ -56,9 +60,9 @@ class Config:
 
 @functools.cache
 def forward_config(n: int) -> Config:
-    """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes),
-    one per 512 over column chunks (more loads in flight)."""
-    if n <= FUSED_MAX_N:
+    """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
+    most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``."""
+    if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         return Config(block_m, block_n, _warps(block_m * block_n, 1024))
