@@ -6,6 +6,7 @@
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
+    python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -13,7 +14,8 @@ suite: every provider × fwd / bwd / fwd+bwd × shapes, copy ceiling, memory, sm
 PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torch bridge's small- and
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
-against Liger's and the unfused add, and per-head (q/k) norms. summary: the README's speed table from the committed
+against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XLA's launch (the most shared
+memory, the least L1) costs the same binary. summary: the README's speed table from the committed
 results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
@@ -27,7 +29,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -103,6 +105,7 @@ def parser() -> argparse.ArgumentParser:
     fu = sub.add_parser("fused")
     fu.add_argument("--quick", action="store_true", help="one shape per table")
     fu.add_argument("--out", default="bench/results")
+    sub.add_parser("carveout").add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -165,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = fused.run(args.quick)
         return _write(fused, result, out / f"fused_{timing.gpu_slug(result['env']['gpu'])}")
+    if args.command == "carveout":
+        from bench import carveout
+
+        result = carveout.run()
+        return _write(carveout, result, out / f"carveout_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "sweep":
         from bench import sweep
 

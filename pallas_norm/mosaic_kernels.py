@@ -98,7 +98,7 @@ class _Staging:
         stages = self.plan.stages
         first = stages == 2
         ahead = max(stages - 1, 1)
-        for j in range(ahead if not first else 1):
+        for j in range(ahead):
             @pl.when(j < self.count)
             def _():
                 self.load(j, loads, bars)

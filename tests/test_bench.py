@@ -44,10 +44,23 @@ def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"]])
+@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
     assert bench_cli.main(argv) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_carveout_table_says_what_xla_s_launch_costs():
+    """One row per kernel config: the three launches' TB/s and JAX against torch's default launch, signed (a JAX
+    launch slower than torch's reads negative)."""
+    from bench import carveout
+
+    env = dict(gpu="H100", date="2026-11-24", jax="0.11.2", torch="2.11", triton="3.6", copy_tbps=3.02)
+    rows = [dict(mode="fwd", m=8192, n=32768, torch_default=2.74, torch_max_shared=2.48, jax=2.48),
+            dict(mode="bwd", m=32768, n=4096, torch_default=2.70, torch_max_shared=2.70, jax=2.73)]
+    text = carveout.markdown(dict(env=env, rows=rows))
+    assert "| fwd | 8192×32768 | 2.74 | 2.48 | 2.48 | -9% |" in text
+    assert "| bwd | 32768×4096 | 2.70 | 2.70 | 2.73 | +1% |" in text
 
 
 def test_render_writes_table_csv_and_plot(tmp_path):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 _STATIC_SHARED_LIMIT = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _LOCAL_SIZE_BYTES, _NUM_REGS = 3, 4  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_NUM_REGS
+_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _P, _I, _U, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t
 _SIGNATURES = {
     "cuInit": (_U,),
@@ -95,6 +96,12 @@ class CudaKernel:
         self._argv_address = ctypes.addressof(self._argv)
         self._lock = threading.Lock()
         self._filled = 0  # slots [0, _filled) hold the last launch's pointers, the others are null
+
+    def set_carveout(self, percent: int) -> None:
+        """The preferred shared-memory carveout of this kernel's later launches (-1: the driver's choice, 0: the
+        most L1, 100: the most shared memory, what XLA's launches of kernels with dynamic shared memory amount to:
+        ``python -m bench carveout``)."""
+        _check(self._lib, self._lib.cuFuncSetAttribute(_P(self.function), _CARVEOUT, percent), "cuFuncSetAttribute")
 
     def _attribute(self, function: ctypes.c_void_p, attribute: int) -> int:
         value = _I()
