@@ -68,8 +68,8 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
             {max(1, base.block_rows // 2), 2 * base.block_rows} - {base.block_rows}, (2, 4, 8))]
     else:
         grid = [dict(cluster=c, programs_per_sm=p, stages=s) for c, p, s in itertools.product(
-            (2, 4, 8), (1, 2) if quick else (1, 2, 4), (1, 2) if quick else (1, 2, 3))]
-        grid += [] if quick else [dict(cluster=8, programs_per_sm=p, stages=s, weight_in_smem=False)
+            (2, 4, 8, 16), (1, 2) if quick else (1, 2, 4), (1, 2) if quick else (1, 2, 3))]
+        grid += [] if quick else [dict(cluster=c, programs_per_sm=p, stages=s, weight_in_smem=False) for c in (8, 16)
                                   for p, s in itertools.product((2, 4), (1, 2, 3))]  # the weight from L2: more CTAs
     rows = itemsize * (2 if backward else 1)
     plans, out = {None}, [None]

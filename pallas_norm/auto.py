@@ -21,8 +21,11 @@ as it is. A config passed for a direction picks its lowering (``Config``: Triton
 Later (2026-11-24, fifth session): the Mosaic kernels' two-stage pipeline loads the next block before computing
 the current one, and 131072-column forwards run one stage with two CTAs per SM: Mosaic's forward at 2048×131072
 read 2.54 TB/s against the Triton lowering's 2.22, timed by kernel durations in the same process
-(``sweep_h100_bfloat16_llama_mosaic_long.md``), so the forward runs on Mosaic GPU up to 131072 columns. At 262144
-one warpgroup walks 32768 columns per row and CTA (1.39 at best against 2.00): still the Triton lowering.
+(``sweep_h100_bfloat16_llama_mosaic_long.md``), so the forward runs on Mosaic GPU up to 131072 columns. Then
+clusters of 16 CTAs (the same session, kernel-timed, one process): forward 2048×131072 2.75 and 1024×262144 2.20
+against the Triton lowering's 2.22 and 2.00; backward 2048×131072 2.30 against 1.76. So the forward runs on Mosaic
+GPU for 16384 < N ≤ 262144 and the backward for 1024 ≤ N ≤ 131072 (but 8192); the Mosaic backward cannot hold
+262144 (16384 columns per CTA).
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from . import backend
 from .mosaic_config import MosaicConfig
 from .pallas_config import one_program
 
-MOSAIC_BWD_COLS = (1024, 65536)  # the backward runs on Mosaic GPU for lo <= N <= hi
+MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi
 TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
-MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
+MOSAIC_FWD_COLS = (16384, 262144)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
 

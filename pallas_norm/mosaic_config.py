@@ -15,14 +15,16 @@ from .pallas_config import cdiv, next_pow2
 
 SMEM_BYTES = 227 * 1024  # usable shared memory per CTA (and per SM) on Hopper
 SMEM_RESERVED = 4 * 1024  # barriers, the reduction scratch, the exchanged partial sums
-MAX_CLUSTER = 8  # portable cluster size
+MAX_CLUSTER = 16  # CTAs per cluster at most: 8 is the portable size, Hopper runs 16 (non-portable; Mosaic GPU's
+# launches of clusters of 16 ran on the H100, 2026-11-24, and read 2048×131072 at 2.75 TB/s forward, 2.30 backward)
+CLUSTERS = (1, 2, 4, 8, MAX_CLUSTER)
 THREADS = 128  # one warpgroup per CTA
 DW_REGS = 64  # float32 dweight accumulators per thread at most (the backward holds its columns' partials)
 ALIGN = 128  # rows are padded to a multiple of this many elements (each CTA's share a multiple of it)
 
 
 class Unsupported(ValueError):
-    """A shape the Mosaic kernels cannot stage (a backward row beyond 65536 columns of 16-bit data)."""
+    """A shape the Mosaic kernels cannot stage (a backward row beyond 131072 columns of 16-bit data)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +50,8 @@ class MosaicConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if self.cluster is not None and self.cluster not in (1, 2, 4, MAX_CLUSTER):
-            raise ValueError(f"cluster must be None or one of (1, 2, 4, 8), got {self.cluster!r}")
+        if self.cluster is not None and self.cluster not in CLUSTERS:
+            raise ValueError(f"cluster must be None or one of {CLUSTERS}, got {self.cluster!r}")
         if not isinstance(self.weight_in_smem, bool):
             raise ValueError(f"weight_in_smem must be a bool, got {self.weight_in_smem!r}")
 
@@ -104,7 +106,7 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     clusters and has no register file (one CTA per row, any width)."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
-    clusters = (1,) if interpret else (config.cluster,) if config.cluster else (1, 2, 4, MAX_CLUSTER)
+    clusters = (1,) if interpret else (config.cluster,) if config.cluster else CLUSTERS
     for cluster in clusters:
         n_pad = cdiv(n, cluster * ALIGN) * cluster * ALIGN
         width = n_pad // cluster
@@ -127,7 +129,8 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
                 stages = 1
             else:
                 break
-    limit = "65536 columns (bfloat16/float16) in the backward" if backward else "the shared memory of 8 SMs"
+    limit = ("131072 columns (bfloat16/float16) in the backward" if backward
+             else f"the shared memory of {MAX_CLUSTER} SMs")
     raise Unsupported(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
                      f"whole rows; the limit is {limit}); use impl='pallas' for this shape")
 
@@ -144,12 +147,16 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -
 # pairs (16384 columns each, 3 stages: 2.70 TB/s, the default of the time 1.94). Backward: 32768 on clusters of 8,
 # 3 stages, two CTAs per SM (2.43; 1.51); 65536 with the weight from L2, 2 stages, as many CTAs as fit (1.95; 1.54).
 # Re-swept after the two-stage pipeline learnt to load first (sweep_h100_bfloat16_llama_mosaic_long.md, torch-timed;
-# the same ranking kernel-timed in a separate run): forward 65536 and 131072 on clusters of 8 with one stage and 4
-# and 2 CTAs per SM, the weight in shared memory (2.72 against 2.60 for 3 stages and 2 CTAs; 2.49 against 1.84 for
-# the weight-from-L2 config of before); the 65536 backward's config now reads 2.37 (1.95 before the reorder).
+# the same ranking kernel-timed in a separate run): forward 65536 on clusters of 8 with one stage and 4 CTAs per SM,
+# the weight in shared memory (2.72 against 2.60 for 3 stages and 2 CTAs); the 65536 backward's config now reads
+# 2.37 (1.95 before the reorder). Clusters of 16 (same session, kernel-timed): the forward at 131072 with one stage
+# and 4 CTAs per SM (2.75 against 2.53 on clusters of 8), at 262144 with 2 (2.20 against 1.39 on 8, and the
+# Triton lowering's 2.00); the backward at 131072 like 65536's on 8 (8192 columns per CTA: 2.30 against the Triton
+# lowering's 1.76).
 LONG_ROWS = {
-    (False, 32768): (2, 3, 1, True), (False, 65536): (8, 1, 4, True), (False, 131072): (8, 1, 2, True),
-    (True, 32768): (8, 3, 2, True), (True, 65536): (8, 2, 4, False),
+    (False, 32768): (2, 3, 1, True), (False, 65536): (8, 1, 4, True), (False, 131072): (16, 1, 4, True),
+    (False, 262144): (16, 1, 2, True),
+    (True, 32768): (8, 3, 2, True), (True, 65536): (8, 2, 4, False), (True, 131072): (16, 2, 4, False),
 }
 
 

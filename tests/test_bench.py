@@ -128,7 +128,7 @@ def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
                                    backward=backward) for c in configs]
         assert len(set(plans)) == len(plans)
         assert (n > 16384) == all(p.cluster > 1 for p in plans)
-    assert sweep.mosaic_configs(2048, 131072, 2, True, quick=False) == [None]  # the backward cannot hold the row
+    assert sweep.mosaic_configs(1024, 262144, 2, True, quick=False) == [None]  # the backward cannot hold the row
 
 
 def test_step_pairs_fused_with_unfused_by_round():
@@ -169,7 +169,7 @@ def test_step_fused_vs_unfused_counts_the_rounds_fused_wins(monkeypatch):
 
 
 def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
-    """A provider whose backward refuses a shape (Mosaic GPU past 65536 columns) keeps its forward row; the
+    """A provider whose backward refuses a shape (Mosaic GPU past 131072 columns) keeps its forward row; the
     broken variant (one error for the whole provider) would give three error rows."""
     from bench import suite
     from bench.providers import Provider

@@ -95,8 +95,8 @@ def test_errors():
     for bad in (dict(block_rows=0), dict(stages=1.5), dict(cluster=3), dict(weight_in_smem=1)):
         with pytest.raises(ValueError):
             MosaicConfig(**bad)
-    with pytest.raises(mosaic_config.Unsupported, match="65536 columns"):  # the dweight partials fill the registers
-        mosaic_config.fit(None, 2, 131072, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+    with pytest.raises(mosaic_config.Unsupported, match="131072 columns"):  # the dweight partials fill the registers
+        mosaic_config.fit(None, 2, 262144, row_bytes=4, weight_bytes=2, widest=2, backward=True)
     if not ON_HOPPER:
         with pytest.raises(ValueError, match="compute capability"):
             pn.rms_norm(jnp.ones((2, 128)), impl="mosaic")
@@ -104,7 +104,9 @@ def test_errors():
 
 def test_fit_splits_long_rows_over_a_cluster():
     plan = mosaic_config.fit(None, 1024, 262144, row_bytes=2, weight_bytes=2, widest=2, backward=False)
-    assert plan.cluster == 8 and plan.width == 32768
+    assert plan.cluster == 16 and plan.width == 16384
+    plan = mosaic_config.fit(None, 2048, 131072, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+    assert plan.cluster == 16 and plan.width == 8192
     plan = mosaic_config.fit(None, 4096, 65536, row_bytes=4, weight_bytes=2, widest=2, backward=True)
     assert plan.cluster == 8 and plan.width == 8192 and len(plan.chunks()) == 8
     tails = mosaic_config.fit(MosaicConfig(cluster=1), 8, 1152, row_bytes=2, weight_bytes=2, widest=2,
@@ -116,6 +118,7 @@ def test_fit_splits_long_rows_over_a_cluster():
 @hopper
 @pytest.mark.parametrize("m,n,casting,offset", [
     (32768, 4096, "llama", 0.0), (65536, 2304, "gemma", 1.0), (4096, 65536, "llama", 0.0),
+    (2048, 131072, "gemma", 1.0),
     (4099, 1000, "none", 0.0), (7, 7, "llama", 1.0)])
 def test_gpu_large_shapes(m, n, casting, offset):
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, offset, seed=m + n)
@@ -126,8 +129,8 @@ def test_gpu_large_shapes(m, n, casting, offset):
 @hopper
 @pytest.mark.parametrize("m,n", [(2048, 131072), (1024, 262144)])
 def test_gpu_longest_rows_forward(m, n):
-    """The longest rows' forward on a cluster of 8 (one stage and two CTAs per SM at 131072, two stages at 262144;
-    the backward is refused: test_errors)."""
+    """The longest rows' forward on clusters of 16 (one stage; 4 and 2 CTAs per SM; the backward beyond 131072
+    columns is refused: test_errors)."""
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, 1.0, seed=5)
     y, rstd = pn.rms_norm_with_rstd(x, w, impl="mosaic", casting="gemma", offset=1.0)
     y_ref, rstd_ref = pn.rms_norm_with_rstd(x, w, impl="pallas", casting="gemma", offset=1.0)
@@ -164,13 +167,13 @@ def test_gpu_clusters_are_race_free():
 @pytest.mark.parametrize("capable", [True, False])
 def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
-    and rows of 128·k columns; the backward from 1024 to 65536 columns but 8192 (per-head rows of 128 stay on the
-    Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 131072."""
+    and rows of 128·k columns; the backward from 1024 to 131072 columns but 8192 (per-head rows of 128 stay on the
+    Triton lowering, where Mosaic GPU ran at a third of its speed), the forward for 16384 < N ≤ 262144."""
     from pallas_norm import auto
 
     monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
-    mosaic_bwd = {1024, 2304, 4096, 16384, 32768, 65536}
-    mosaic_fwd = {32768, 65536, 131072}
+    mosaic_bwd = {1024, 2304, 4096, 16384, 32768, 65536, 131072}
+    mosaic_fwd = {32768, 65536, 131072, 262144}
     for n in (64, 128, 256, 1000, 1024, 2304, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
         assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
         assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
