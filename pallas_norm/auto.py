@@ -12,7 +12,7 @@ Mosaic GPU (compute capability >= 9.0) and rows that need no padding (a multiple
 (plain and fused, which must agree: the fused add's ``dweight`` is ``rms_norm``'s bits) on Mosaic GPU from 1024 to
 65536 columns but 8192 (per-head rows of 128 and 256 columns ran at a third and a half of the Triton lowering's
 speed on Mosaic GPU, ``bench/results/fused_h100.md``: one element per thread and a warpgroup reduction per row), the
-forward (plain and fused) for 16384 < N ≤ 65536 (131072 later: below); everything else on the Triton lowering
+forward (plain and fused) for 16384 < N ≤ 65536 (widened later: below); everything else on the Triton lowering
 (``"pallas"``), which also takes the longest rows (the Mosaic backward cannot hold them; its forward is slower
 there). The suite rerun with the kernels timed by their own durations (same file, later) agrees, but for
 32768×4096, where the Triton lowering's backward read 2% faster (2.71 against 2.65): within run-to-run noise, left

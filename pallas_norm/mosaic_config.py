@@ -129,7 +129,7 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
                 stages = 1
             else:
                 break
-    limit = ("131072 columns (bfloat16/float16) in the backward" if backward
+    limit = (f"{DW_REGS * THREADS * MAX_CLUSTER} columns (bfloat16/float16) in the backward" if backward
              else f"the shared memory of {MAX_CLUSTER} SMs")
     raise Unsupported(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
                      f"whole rows; the limit is {limit}); use impl='pallas' for this shape")

@@ -84,7 +84,8 @@ class _Staging:
 
     def pipeline(self, loads, bars, step, carry):
         """``carry = step(t, s, carry)`` for each block ``t`` of this CTA (``step`` issues the block's stores; a
-        stage is reloaded once the store reading it is done). Blocks ``0 … stages - 2`` are loaded before the loop.
+        stage is reloaded once the store reading it is done). The first ``max(stages - 1, 1)`` blocks are loaded
+        before the loop.
 
         Two stages: block ``t + 1`` is loaded into the stage block ``t - 1`` was stored from *before* block ``t``
         is computed (waiting for that store's reads first), so one load is in flight during the compute; loading it
