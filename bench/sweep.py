@@ -58,8 +58,9 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
 def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
                    quick: bool) -> list[mosaic_config.MosaicConfig | None]:
     """The heuristic's config (None) and alternatives around it: stages × co-resident CTAs (and rows per block
-    around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows. Configs
-    that ``fit`` shrinks to the same plan are timed once."""
+    around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows; the
+    heuristic's with the row held in registers and without. Configs that ``fit`` shrinks to the same plan are timed
+    once."""
     base = mosaic_config.heuristic(m, n, backward=backward)
     if base.cluster is None:  # rows one CTA holds
         grid = [dict(stages=s, programs_per_sm=p) for s, p in itertools.product(
@@ -71,6 +72,7 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
             (2, 4, 8, 16), (1, 2) if quick else (1, 2, 4), (1, 2) if quick else (1, 2, 3))]
         grid += [] if quick else [dict(cluster=c, programs_per_sm=p, stages=s, weight_in_smem=False) for c in (8, 16)
                                   for p, s in itertools.product((2, 4), (1, 2, 3))]  # the weight from L2: more CTAs
+    grid += [dict(hold=h) for h in (False, True)]  # the row read again, or held in registers, between the walks
     rows = itemsize * (2 if backward else 1)
     plans, out = {None}, [None]
     plans.add(_mosaic_plan(None, m, n, rows, itemsize, backward))

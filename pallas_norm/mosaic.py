@@ -39,7 +39,8 @@ def _kernel(body, plan: Plan, out_type, scratch, name: str, interpret: bool):
 def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, loaded: int, *, backward: bool,
                       interpret: bool) -> tuple[Plan, tuple]:
     """The fitted plan, and the scratch in the order the kernels take it (``mosaic_kernels._Cta``): a staging
-    buffer per row dtype, ``[w_s], [part_s], bars, [wbar], [cbar]``; ``loaded``: the buffers filled by TMA."""
+    buffer per row dtype, ``[dw_s]`` (the backward's spilled ``dweight`` partial), ``[w_s], [part_s], bars,
+    [wbar], [cbar]``; ``loaded``: the buffers filled by TMA."""
     plgpu = backend.mosaic()
     plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
                              weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
@@ -48,6 +49,7 @@ def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, lo
     copies = loaded * (1 if plan.cluster == 1 else plan.block_rows)  # a copy per buffer, or per row's share
     clustered = plan.cluster > 1
     scratch = [plgpu.SMEM((plan.stages, plan.block_rows, plan.width), d) for d in row_dtypes]
+    scratch += [plgpu.SMEM((plan.dw_spill,), F32)] * (plan.dw_spill > 0)
     scratch += [plgpu.SMEM((plan.width,), weight_dtype)] * staged_weight
     scratch += [plgpu.SMEM((2, plan.block_rows, plan.cluster), F32)] * clustered
     scratch += [plgpu.Barrier(num_arrivals=copies, num_barriers=plan.stages)]

@@ -19,12 +19,14 @@ MAX_CLUSTER = 16  # CTAs per cluster at most: 8 is the portable size, Hopper run
 # launches of clusters of 16 ran on the H100, 2026-11-24, and read 2048×131072 at 2.75 TB/s forward, 2.30 backward)
 CLUSTERS = (1, 2, 4, 8, MAX_CLUSTER)
 THREADS = 128  # one warpgroup per CTA
-DW_REGS = 64  # float32 dweight accumulators per thread at most (the backward holds its columns' partials)
+DW_REGS = 64  # float32 dweight accumulators per thread at most (the backward holds its columns' partials; the
+# columns beyond ``DW_REGS · THREADS`` keep theirs in shared memory)
 ALIGN = 128  # rows are padded to a multiple of this many elements (each CTA's share a multiple of it)
 
 
 class Unsupported(ValueError):
-    """A shape the Mosaic kernels cannot stage (a backward row beyond 131072 columns of 16-bit data)."""
+    """A shape the Mosaic kernels cannot stage (a row whose share per CTA exceeds shared memory even on clusters of
+    ``MAX_CLUSTER``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +38,8 @@ class MosaicConfig:
     each row (1, 2, 4, 8; None: the fewest that fit); ``programs_per_sm`` co-resident CTAs per SM (the persistent
     grid is ``programs_per_sm × SMs / cluster`` clusters, each taking a contiguous range of row blocks);
     ``weight_in_smem``: the weight (slice) is staged in shared memory once per CTA, else read from global memory
-    (L2) per row.
+    (L2) per row; ``hold``: a row's share stays in registers (float32) from the kernel's first walk of it (the
+    reduction) to its second (the outputs) instead of being read again from shared memory (None: ``holds``).
     """
 
     block_rows: int = 1
@@ -44,6 +47,7 @@ class MosaicConfig:
     cluster: int | None = None
     programs_per_sm: int = 1
     weight_in_smem: bool = True
+    hold: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_rows", "stages", "programs_per_sm"):
@@ -54,13 +58,17 @@ class MosaicConfig:
             raise ValueError(f"cluster must be None or one of {CLUSTERS}, got {self.cluster!r}")
         if not isinstance(self.weight_in_smem, bool):
             raise ValueError(f"weight_in_smem must be a bool, got {self.weight_in_smem!r}")
+        if self.hold is not None and not isinstance(self.hold, bool):
+            raise ValueError(f"hold must be None or a bool, got {self.hold!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A config fitted to one ``(m, n)`` launch: the padded row ``n_pad``, each CTA's columns ``width``, the grid
     of ``programs`` clusters of ``cluster`` CTAs, ``per`` row blocks per cluster, ``vec`` elements per thread
-    access (16 bytes of the widest staged dtype)."""
+    access (16 bytes of the widest staged dtype); the backward's ``dw_spill`` last columns of ``width`` keep their
+    float32 ``dweight`` partial in shared memory (the first ``width - dw_spill`` in registers); ``hold`` as in
+    ``MosaicConfig``, resolved."""
 
     m: int
     n: int
@@ -73,6 +81,8 @@ class Plan:
     per: int
     vec: int
     weight_in_smem: bool
+    dw_spill: int = 0
+    hold: bool = False
 
     def chunks(self) -> list[tuple[int, int]]:
         """``(offset, size)`` of the register chunks walking a CTA's ``width`` columns: chunks of
@@ -90,10 +100,16 @@ class Plan:
 
 
 def smem_bytes(plan: Plan, row_bytes: int, weight_bytes: int) -> int:
-    """Shared memory of one CTA: ``stages`` blocks of the staged rows and the weight slice."""
+    """Shared memory of one CTA: ``stages`` blocks of the staged rows, the weight slice, the spilled float32
+    ``dweight`` partial."""
     staged = plan.stages * plan.block_rows * plan.width * row_bytes
     weight = plan.width * weight_bytes if plan.weight_in_smem else 0
-    return staged + weight + SMEM_RESERVED
+    return staged + weight + 4 * plan.dw_spill + SMEM_RESERVED
+
+
+def dw_spill(width: int) -> int:
+    """Columns of a CTA's ``width`` whose ``dweight`` partial does not fit ``DW_REGS`` registers per thread."""
+    return max(0, width - DW_REGS * THREADS)
 
 
 def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_bytes: int, widest: int,
@@ -102,44 +118,61 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     of every row buffer staged (x; residual, h, y when they differ; dy, dh_out in the backward); ``widest`` the
     largest itemsize among them. Rows are padded to a multiple of ``128·cluster`` columns. Stages, then block
     rows, then co-resident CTAs are lowered until a CTA fits in shared memory; :class:`Unsupported` when even
-    one row's share (with the largest cluster) does not. ``interpret``: Mosaic GPU's interpreter, which runs no
-    clusters and has no register file (one CTA per row, any width)."""
+    one row's share (with the largest cluster) does not. The backward takes, among the clusters allowed, the
+    smallest whose share keeps the ``dweight`` partial in registers, else the smallest that fits with the rest
+    of it in shared memory (``dw_spill``). ``interpret``: Mosaic GPU's interpreter, which runs no clusters (one
+    CTA per row)."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
     clusters = (1,) if interpret else (config.cluster,) if config.cluster else CLUSTERS
-    for cluster in clusters:
-        n_pad = cdiv(n, cluster * ALIGN) * cluster * ALIGN
-        width = n_pad // cluster
-        if backward and width > DW_REGS * THREADS and not interpret:
-            continue
-        rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
-        while True:
-            plan = _plan(m, n, n_pad, width, cluster, rows, stages, config.programs_per_sm, vec, weight_smem)
-            used = smem_bytes(plan, row_bytes, weight_bytes)
-            if used <= SMEM_BYTES:
-                per_sm = max(1, min(config.programs_per_sm, SMEM_BYTES // used))
-                return _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem)
-            if stages > 2:
-                stages -= 1
-            elif rows > 1:
-                rows //= 2
-            elif weight_smem:
-                weight_smem = False
-            elif stages > 1:
-                stages = 1
-            else:
-                break
-    limit = (f"{DW_REGS * THREADS * MAX_CLUSTER} columns (bfloat16/float16) in the backward" if backward
-             else f"the shared memory of {MAX_CLUSTER} SMs")
+    for spill_ok in ((False, True) if backward else (True,)):
+        for cluster in clusters:
+            n_pad = cdiv(n, cluster * ALIGN) * cluster * ALIGN
+            width = n_pad // cluster
+            spill = dw_spill(width) if backward else 0
+            if spill and not spill_ok:
+                continue
+            rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
+            while True:
+                plan = _plan(m, n, n_pad, width, cluster, rows, stages, config.programs_per_sm, vec, weight_smem,
+                             spill, holds(config, backward, spill))
+                used = smem_bytes(plan, row_bytes, weight_bytes)
+                if used <= SMEM_BYTES:
+                    per_sm = max(1, min(config.programs_per_sm, SMEM_BYTES // used))
+                    return _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill,
+                                 holds(config, backward, spill))
+                if stages > 2:
+                    stages -= 1
+                elif rows > 1:
+                    rows //= 2
+                elif weight_smem:
+                    weight_smem = False
+                elif stages > 1:
+                    stages = 1
+                else:
+                    break
     raise Unsupported(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
-                     f"whole rows; the limit is {limit}); use impl='pallas' for this shape")
+                     f"whole rows; the limit is the shared memory of {MAX_CLUSTER} SMs); use impl='pallas' for "
+                     "this shape")
 
 
-def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -> Plan:
+def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill, hold) -> Plan:
     blocks = cdiv(max(m, 1), rows)
     programs = max(1, min(per_sm * backend.num_sms() // cluster, blocks))
     per = cdiv(blocks, programs)
-    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem)
+    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem, spill, hold)
+
+
+def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
+    """``config.hold``, or by default: the backward holds (x, dy and ``g``) unless its ``dweight`` partial spills
+    to shared memory; the forward does not (the long-row table sets it where it won). H100, bf16, kernels timed
+    (2026-11-25, ``docs/benchmarks.md``): backward 32768×8192 2.50 → 2.85 TB/s, 2048×131072 2.29 → 2.63,
+    8192×32768 2.45 → 2.81, 32768×16384 2.58 → 2.82, 32768×2304 2.45 → 2.60, but 32768×4096 2.76 → 2.69 and
+    32768×3584 2.76 → 2.72; forward 1024×262144 2.21 → 2.37, yet 2048×131072 (4 CTAs per SM) 2.76 → 1.99 and
+    rows one CTA holds within ±1.3%."""
+    if config.hold is not None:
+        return config.hold
+    return backward and not spill
 
 
 # Long rows (``n_pad`` > 16384), from bench/results/sweep_h100_bfloat16_llama_mosaic.md (H100, bf16): the fastest
@@ -153,10 +186,10 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem) -
 # and 4 CTAs per SM (2.75 against 2.53 on clusters of 8), at 262144 with 2 (2.20 against 1.39 on 8, and the
 # Triton lowering's 2.00); the backward at 131072 like 65536's on 8 (8192 columns per CTA: 2.30 against the Triton
 # lowering's 1.76).
-LONG_ROWS = {
-    (False, 32768): (2, 3, 1, True), (False, 65536): (8, 1, 4, True), (False, 131072): (16, 1, 4, True),
-    (False, 262144): (16, 1, 2, True),
-    (True, 32768): (8, 3, 2, True), (True, 65536): (8, 2, 4, False), (True, 131072): (16, 2, 4, False),
+LONG_ROWS = {  # (backward, n_pad): (cluster, stages, CTAs per SM, weight in shared memory, hold)
+    (False, 32768): (2, 3, 1, True, None), (False, 65536): (8, 1, 4, True, None),
+    (False, 131072): (16, 1, 4, True, None), (False, 262144): (16, 1, 2, True, True),
+    (True, 32768): (8, 3, 2, True, None), (True, 65536): (8, 2, 4, False, None), (True, 131072): (16, 2, 4, False, None),
 }
 
 
@@ -175,6 +208,6 @@ def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
             return MosaicConfig(block_rows=max(1, 2048 // n_pad), stages=3,
                                 programs_per_sm=4 if n_pad <= 4096 else 2 if n_pad <= 8192 else 1)
         return MosaicConfig(block_rows=max(1, 4096 // n_pad), stages=3, programs_per_sm=2 if n_pad <= 8192 else 1)
-    cluster, stages, per_sm, weight_smem = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True))
+    cluster, stages, per_sm, weight_smem, hold = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True, None))
     return MosaicConfig(block_rows=1, stages=stages, cluster=cluster, programs_per_sm=per_sm,
-                        weight_in_smem=weight_smem)
+                        weight_in_smem=weight_smem, hold=hold)

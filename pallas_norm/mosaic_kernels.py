@@ -8,8 +8,9 @@ place, from where a TMA store writes it back. In a cluster each CTA reduces its 
 exchanged through distributed shared memory (the same fixed order in every CTA, hence the same ``rstd``).
 Row math comes from ``rowmath``; registers hold one chunk of ``128·vec`` elements per thread at a time
 (``WG_STRIDED`` layout: every thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype).
-The backward keeps each CTA's float32 ``dweight`` partial in registers (its columns' share of every row it
-walks); the partials are summed by XLA in a fixed order (deterministic).
+The backward keeps each CTA's float32 ``dweight`` partial (its columns' share of every row it walks) in
+registers, and the columns beyond ``DW_REGS`` per thread in shared memory (``plan.dw_spill``: rows of 262144
+columns, 16384 per CTA); a second kernel sums the partials in a fixed order (deterministic).
 """
 
 from __future__ import annotations
@@ -235,12 +236,13 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
         h_s[s, r, pl.ds(off, size)] = h32.astype(dt)
         return h32
 
-    def sumsq(s, r):
-        return _scalar_sum([_sq(row_values(s, r, off, size)) for off, size in chunks])
+    def row_chunks(s, r):
+        return [row_values(s, r, off, size) for off, size in chunks]
 
-    def normalise(s, r, rstd):
-        for off, size in chunks:
-            h32 = _row(h_s if fused else x_s, s, r, off, size)
+    def normalise(s, r, rstd, held):
+        """``y`` of row ``r``, from the values of the first walk (``held``, when ``plan.hold``) or re-read."""
+        for i, (off, size) in enumerate(chunks):
+            h32 = held[i] if plan.hold else _row(h_s if fused else x_s, s, r, off, size)
             n_val = rowmath.normalized(h32, rstd, casting, rounder(dt))
             w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
             y_s[s, r, pl.ds(off, size)] = rowmath.output(n_val, w_eff).astype(dt)
@@ -253,17 +255,19 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
         if plan.cluster == 1:
             @pl.loop(0, valid)
             def _(r):
-                rstd = rstd_of(sumsq(s, r))
-                normalise(s, r, rstd)
+                held = row_chunks(s, r)
+                rstd = rstd_of(_scalar_sum([_sq(v) for v in held]))
+                normalise(s, r, rstd, held)
                 rstd_g[st.row0(t) + r] = rstd
         else:
-            totals = _cluster_sum(plan, cta, t % 2, lambda r: sumsq(s, r))
+            held = [row_chunks(s, r) for r in range(plan.block_rows)]
+            totals = _cluster_sum(plan, cta, t % 2, lambda r: _scalar_sum([_sq(v) for v in held[r]]))
             for r in range(plan.block_rows):
                 rstd = rstd_of(totals[r])
 
                 @pl.when(r < valid)
                 def _():
-                    normalise(s, r, rstd)
+                    normalise(s, r, rstd, held[r])
 
                 @pl.when((r < valid) & (j == 0))
                 def _():
@@ -285,8 +289,10 @@ def _sq(v):
 def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw, fused):
     """Backward: ``dx`` (fused: ``dh = r(dx_norm + dh_out)``) and each cluster's float32 ``dweight`` partial.
     Refs: ``x, [weight], dy, [dh_out], rstd (m,)``, outputs ``[dx], [dweight partials (programs, n_pad)]``,
-    scratch ``x_s, dy_s, [dh_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``dx`` is written over the staged copy
-    of ``dy`` (the caller's ``dy`` is only read)."""
+    scratch ``x_s, dy_s, [dh_s], [dw_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``dx`` is written over the
+    staged copy of ``dy`` (the caller's ``dy`` is only read). The ``dweight`` partial of the chunks at or beyond
+    column ``width - dw_spill`` accumulates in ``dw_s`` (each thread reads and writes only its own elements, in
+    the chunk's layout: no barrier), the others' in registers."""
     pl, plgpu = _pl(), backend.mosaic()
     it = iter(refs)
     x_g = next(it)
@@ -298,6 +304,9 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     dwp_g = next(it) if need_dw else None
     x_s, dy_s = next(it), next(it)
     dh_s = next(it) if fused else None
+    dw_s = next(it) if plan.dw_spill else None
+    spill0 = plan.width - plan.dw_spill  # the first column whose partial is in dw_s
+    in_regs = [off < spill0 for off, _ in plan.chunks()]  # a prefix of the chunks
     cta = _Cta(plan, it, w_g)
     w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
     dt = dy_g.dtype
@@ -307,17 +316,34 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         dy32 = _row(dy_s, s, r, off, size)
         return dy32, w_eff, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
 
-    def sum_gx(s, r):
-        return _scalar_sum([grad_scale(s, r, off, size)[2] * _row(x_s, s, r, off, size) for off, size in chunks])
+    def row_inputs(s, r):
+        """``(x, dy, g)`` (float32) of each chunk of row ``r``."""
+        out = []
+        for off, size in chunks:
+            dy32, _, g = grad_scale(s, r, off, size)
+            out.append((_row(x_s, s, r, off, size), dy32, g))
+        return out
 
-    def row_grads(s, r, rstd, total, dw):
+    def sum_gx(held):
+        return _scalar_sum([g * x32 for x32, _, g in held])
+
+    def row_grads(s, r, rstd, total, dw, held):
+        """``dx`` of row ``r`` and the ``dweight`` terms, from the first walk's values (``held``, when
+        ``plan.hold``) or re-read."""
         dw = list(dw)
         for i, (off, size) in enumerate(chunks):
-            x32 = _row(x_s, s, r, off, size)
-            dy32, _, g = grad_scale(s, r, off, size)
+            if plan.hold:
+                x32, dy32, g = held[i]
+            else:
+                x32 = _row(x_s, s, r, off, size)
+                dy32, _, g = grad_scale(s, r, off, size)
             if need_dw:
                 n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
-                dw[i] = dw[i] + rowmath.dweight_terms(dy32, n_val)
+                terms = rowmath.dweight_terms(dy32, n_val)
+                if in_regs[i]:
+                    dw[i] = dw[i] + terms
+                else:
+                    _spilled_add(dw_s, off - spill0, size, terms)
             if need_dx:
                 dx = rowmath.grad_input(x32, g, rstd, total, F32(plan.n))
                 if fused:
@@ -329,25 +355,45 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         valid = st.rows_valid(t)
         base = st.row0(t)
         if plan.cluster == 1:
-            dw = lax.fori_loop(0, valid, lambda r, acc: row_grads(s, r, rstd_g[base + r], sum_gx(s, r), acc), dw)
+            def row(r, acc):
+                held = row_inputs(s, r)
+                return row_grads(s, r, rstd_g[base + r], sum_gx(held), acc, held)
+
+            dw = lax.fori_loop(0, valid, row, dw)
         else:
-            totals = _cluster_sum(plan, cta, t % 2, lambda r: sum_gx(s, r))
+            held = [row_inputs(s, r) for r in range(plan.block_rows)]
+            totals = _cluster_sum(plan, cta, t % 2, lambda r: sum_gx(held[r]))
             for r in range(plan.block_rows):
-                dw = lax.cond(r < valid, lambda acc: row_grads(s, r, rstd_g[base + r], totals[r], acc),
+                dw = lax.cond(r < valid, lambda acc: row_grads(s, r, rstd_g[base + r], totals[r], acc, held[r]),
                               lambda acc: acc, dw)
         if need_dx:
             plgpu.commit_smem()
             st.store(t, [(dy_s, dx_g)])
         return dw
 
-    zeros = tuple(plgpu.layout_cast(jnp.zeros((size,), F32), _layout(size)) for _, size in chunks)
+    def zeros(size):
+        return plgpu.layout_cast(jnp.zeros((size,), F32), _layout(size))
+
+    spilled = [(off, size) for (off, size), reg in zip(chunks, in_regs) if not reg]
+    if need_dw:
+        for off, size in spilled:
+            dw_s[pl.ds(off - spill0, size)] = zeros(size)
     loads = [(x_g, x_s), (dy_g, dy_s)] + ([(dh_g, dh_s)] if fused and need_dx else [])
-    dw = st.pipeline(loads, bars, step, zeros)
+    dw = st.pipeline(loads, bars, step, tuple(zeros(size) for (_, size), reg in zip(chunks, in_regs) if reg))
     _cluster_exit(plan, cta)
     if need_dw:
         for (off, size), acc in zip(chunks, dw):
             dwp_g[pid, pl.ds(col0 + off, size)] = acc
+        for off, size in spilled:
+            dwp_g[pid, pl.ds(col0 + off, size)] = plgpu.load(dw_s.at[pl.ds(off - spill0, size)],
+                                                             layout=_layout(size))
     plgpu.wait_smem_to_gmem(0)
+
+
+def _spilled_add(dw_s, off: int, size: int, terms) -> None:
+    """``dw_s[off : off + size] += terms`` (a chunk of the ``dweight`` partial kept in shared memory)."""
+    pl, plgpu = _pl(), backend.mosaic()
+    dw_s[pl.ds(off, size)] = plgpu.load(dw_s.at[pl.ds(off, size)], layout=_layout(size)) + terms
 
 
 def _dweight_reduce_kernel(dwp_g, dw_g, *, parts: int, cols: int, unroll: int):
