@@ -24,8 +24,13 @@ read 2.54 TB/s against the Triton lowering's 2.22, timed by kernel durations in 
 (``sweep_h100_bfloat16_llama_mosaic_long.md``), so the forward runs on Mosaic GPU up to 131072 columns. Then
 clusters of 16 CTAs (the same session, kernel-timed, one process): forward 2048×131072 2.75 and 1024×262144 2.20
 against the Triton lowering's 2.22 and 2.00; backward 2048×131072 2.30 against 1.76. So the forward runs on Mosaic
-GPU for 16384 < N ≤ 262144 and the backward for 1024 ≤ N ≤ 131072 (but 8192); the Mosaic backward cannot hold
-262144 (16384 columns per CTA).
+GPU for 16384 < N ≤ 262144 and the backward for 1024 ≤ N ≤ 131072 (but 8192: below).
+
+2026-11-25 (sixth session): the Mosaic backward holds each row's share in registers between its two walks
+(``mosaic_config.holds``). Suite, kernels timed (``bench_h100_bfloat16_llama.md``): its backward at N = 8192 now
+beats the Triton lowering's (32768×8192 2.85 against 2.81, 4096×8192 2.49 against 2.24), so 8192 is no longer an
+exception. At 262144 the Mosaic backward runs (its ``dweight`` partial half in shared memory) but at 1.08 TB/s
+against the Triton lowering's 1.77: the Triton lowering keeps that length.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ from .mosaic_config import MosaicConfig
 from .pallas_config import one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi
-TRITON_BWD_COLS = (8192,)  # row lengths where the Triton lowering's backward was faster in both runs
 MOSAIC_FWD_COLS = (16384, 262144)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
@@ -52,7 +56,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        mosaic = lo <= n <= hi and n not in TRITON_BWD_COLS
+        mosaic = lo <= n <= hi
     else:
         lo, hi = MOSAIC_FWD_COLS
         mosaic = lo < n <= hi
