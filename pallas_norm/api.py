@@ -81,7 +81,7 @@ def rms_norm(
     ``weight=None`` means no scale (``offset`` must then be 0). ``impl``: ``None`` (``"auto"`` on GPU: per
     direction and shape the faster lowering of the kernels, ``pallas_norm/auto.py``; the XLA path elsewhere),
     ``"pallas"`` (the Triton lowering), ``"xla"``, ``"interpret"`` (the Pallas kernel run by Pallas's
-    interpreter, on any backend), ``"mosaic"`` (the Mosaic GPU kernels: Hopper GPUs; rows up to 131072 columns in
+    interpreter, on any backend), ``"mosaic"`` (the Mosaic GPU kernels: Hopper GPUs; rows up to 262144 columns in
     the backward) or ``"mosaic_interpret"`` (those run by Mosaic GPU's interpreter). ``config``/``bwd_config``
     force the kernels' tiling for the forward and the backward (``pallas_norm.pallas_config.Config``, or
     ``pallas_norm.mosaic_config.MosaicConfig`` for the Mosaic kernels; None: the heuristic). Differentiable

@@ -166,10 +166,10 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, s
 def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
     """``config.hold``, or by default: the backward holds (x, dy and ``g``) unless its ``dweight`` partial spills
     to shared memory; the forward does not (the long-row table sets it where it won). H100, bf16, kernels timed
-    (2026-11-25, ``docs/benchmarks.md``): backward 32768×8192 2.50 → 2.85 TB/s, 2048×131072 2.29 → 2.63,
-    8192×32768 2.45 → 2.81, 32768×16384 2.58 → 2.82, 32768×2304 2.45 → 2.60, but 32768×4096 2.76 → 2.69 and
-    32768×3584 2.76 → 2.72; forward 1024×262144 2.21 → 2.37, yet 2048×131072 (4 CTAs per SM) 2.76 → 1.99 and
-    rows one CTA holds within ±1.3%."""
+    (2026-11-25, ``bench/results/mosaic_hold_spill_h100.md``): backward 32768×8192 2.50 → 2.85 TB/s,
+    2048×131072 2.29 → 2.63, 8192×32768 2.45 → 2.81, 32768×16384 2.58 → 2.82, 32768×2304 2.45 → 2.60, but
+    32768×4096 2.76 → 2.69 and 32768×3584 2.76 → 2.72; forward 1024×262144 2.21 → 2.37, yet 2048×131072
+    (4 CTAs per SM) 2.76 → 1.99 and rows one CTA holds within ±1.3%."""
     if config.hold is not None:
         return config.hold
     return backward and not spill
@@ -185,11 +185,14 @@ def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
 # 2.37 (1.95 before the reorder). Clusters of 16 (same session, kernel-timed): the forward at 131072 with one stage
 # and 4 CTAs per SM (2.75 against 2.53 on clusters of 8), at 262144 with 2 (2.20 against 1.39 on 8, and the
 # Triton lowering's 2.00); the backward at 131072 like 65536's on 8 (8192 columns per CTA: 2.30 against the Triton
-# lowering's 1.76).
+# lowering's 1.76). The sixth session's ``hold``: the forward at 262144 holds its 16384 columns per CTA in registers
+# (2.21 → 2.37, bench/results/mosaic_hold_spill_h100.md); the backward holds by default (``holds``), after which
+# the table's configs stayed the fastest of their groups (sweep_h100_bfloat16_llama_mosaic_hold_long.md).
 LONG_ROWS = {  # (backward, n_pad): (cluster, stages, CTAs per SM, weight in shared memory, hold)
     (False, 32768): (2, 3, 1, True, None), (False, 65536): (8, 1, 4, True, None),
     (False, 131072): (16, 1, 4, True, None), (False, 262144): (16, 1, 2, True, True),
-    (True, 32768): (8, 3, 2, True, None), (True, 65536): (8, 2, 4, False, None), (True, 131072): (16, 2, 4, False, None),
+    (True, 32768): (8, 3, 2, True, None), (True, 65536): (8, 2, 4, False, None),
+    (True, 131072): (16, 2, 4, False, None),
 }
 
 

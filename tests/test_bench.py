@@ -128,7 +128,9 @@ def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
                                    backward=backward) for c in configs]
         assert len(set(plans)) == len(plans)
         assert (n > 16384) == all(p.cluster > 1 for p in plans)
-    assert sweep.mosaic_configs(1024, 262144, 2, True, quick=False) == [None]  # the backward cannot hold the row
+    longest = [mosaic_config.fit(c, 1024, 262144, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+               for c in sweep.mosaic_configs(1024, 262144, 2, True, quick=False)]
+    assert len(longest) > 1 and {(p.cluster, p.dw_spill) for p in longest} == {(16, 8192)}  # only 16 holds the row
 
 
 def test_step_pairs_fused_with_unfused_by_round():

@@ -66,12 +66,12 @@ def test_readme_example_runs(title):
 
 def test_speed_table_is_generated_from_the_committed_results():
     assert summary.replace_block(README, summary.table()) == README, "run `python -m bench summary --write README.md`"
-    assert summary.BEGIN in README and "| H100 llama" in README
+    assert summary.BEGIN in README and "| H100 bf16 llama" in README
 
 
 def test_the_summary_check_catches_a_hand_edit():
     row = next(line for line in README.splitlines()
-               if line.startswith("| H100 llama, ") and "| 32768×4096 | fwd |" in line)
+               if line.startswith("| H100 bf16 llama, ") and "| 32768×4096 | fwd |" in line)
     edited = README.replace(row, row.replace("| fwd | ", "| fwd | 9", 1), 1)
     assert edited != README
     assert summary.replace_block(edited, summary.table()) != edited
