@@ -38,7 +38,7 @@ def _kernel(body, plan: Plan, out_type, scratch, name: str, interpret: bool):
 
 def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, loaded: int, *, backward: bool,
                       interpret: bool) -> tuple[Plan, tuple]:
-    """The fitted plan, and the scratch in the order the kernels take it (``mosaic_kernels._Cta``): a staging
+    """The fitted plan, and the scratch in the order the kernels take it (``mosaic_cta.Cta``): a staging
     buffer per row dtype, ``[dw_s]`` (the backward's spilled ``dweight`` partial), ``[w_s], [part_s], bars,
     [wbar], [cbar]``; ``loaded``: the buffers filled by TMA."""
     plgpu = backend.mosaic()

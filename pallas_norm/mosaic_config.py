@@ -121,7 +121,7 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     one row's share (with the largest cluster) does not. The backward takes, among the clusters allowed, the
     smallest whose share keeps the ``dweight`` partial in registers, else the smallest that fits with the rest
     of it in shared memory (``dw_spill``). ``interpret``: Mosaic GPU's interpreter, which runs no clusters (one
-    CTA per row)."""
+    CTA per row) and has no register file (a partial that does not fit shared memory stays "in registers")."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
     clusters = (1,) if interpret else (config.cluster,) if config.cluster else CLUSTERS
@@ -132,28 +132,36 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
             spill = dw_spill(width) if backward else 0
             if spill and not spill_ok:
                 continue
-            rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
-            while True:
-                plan = _plan(m, n, n_pad, width, cluster, rows, stages, config.programs_per_sm, vec, weight_smem,
-                             spill, holds(config, backward, spill))
-                used = smem_bytes(plan, row_bytes, weight_bytes)
-                if used <= SMEM_BYTES:
-                    per_sm = max(1, min(config.programs_per_sm, SMEM_BYTES // used))
-                    return _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill,
-                                 holds(config, backward, spill))
-                if stages > 2:
-                    stages -= 1
-                elif rows > 1:
-                    rows //= 2
-                elif weight_smem:
-                    weight_smem = False
-                elif stages > 1:
-                    stages = 1
-                else:
-                    break
+            for s in (spill, 0) if interpret and spill else (spill,):
+                plan = _shrink(config, m, n, n_pad, width, cluster, vec, s, holds(config, backward, s),
+                               row_bytes, weight_bytes)
+                if plan is not None:
+                    return plan
     raise Unsupported(f"impl='mosaic' cannot hold a row of {n} columns with {config} (the Mosaic kernels stage "
                      f"whole rows; the limit is the shared memory of {MAX_CLUSTER} SMs); use impl='pallas' for "
                      "this shape")
+
+
+def _shrink(config, m, n, n_pad, width, cluster, vec, spill, hold, row_bytes, weight_bytes) -> Plan | None:
+    """``config``'s plan on ``cluster``, with stages, then block rows, then the weight staging, then the last
+    stage given up until a CTA fits in shared memory (None when even that does not fit)."""
+    rows, stages, weight_smem = config.block_rows, config.stages, config.weight_in_smem
+    while True:
+        plan = _plan(m, n, n_pad, width, cluster, rows, stages, config.programs_per_sm, vec, weight_smem, spill, hold)
+        used = smem_bytes(plan, row_bytes, weight_bytes)
+        if used <= SMEM_BYTES:
+            per_sm = max(1, min(config.programs_per_sm, SMEM_BYTES // used))
+            return _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill, hold)
+        if stages > 2:
+            stages -= 1
+        elif rows > 1:
+            rows //= 2
+        elif weight_smem:
+            weight_smem = False
+        elif stages > 1:
+            stages = 1
+        else:
+            return None
 
 
 def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill, hold) -> Plan:

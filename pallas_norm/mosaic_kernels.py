@@ -15,147 +15,18 @@ columns, 16384 per CTA); a second kernel sums the partials in a fixed order (det
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from . import backend, rowmath
 from .mosaic_config import Plan
+from .mosaic_cta import Cta, cluster_sum, layout, load_chunk, pallas, scalar_sum, weight_chunk
 from .rounding import rounder
 
 F32 = jnp.float32
 
 
-def _layout(size: int):
-    plgpu = backend.mosaic()
-    return plgpu.Layout.WG_STRIDED((size,), vec_size=max(1, size // 128))
-
-
-def _scalar_sum(parts):
-    """Σ of per-chunk partial vectors: chunks of one size are added elementwise first (in chunk order), then
-    each size's vector is reduced, larger sizes first (a fixed order)."""
-    by_size: dict[int, jnp.ndarray] = {}
-    for v in parts:
-        by_size[v.shape[0]] = v if v.shape[0] not in by_size else by_size[v.shape[0]] + v
-    total = None
-    for size in sorted(by_size, reverse=True):
-        s = jnp.sum(by_size[size])
-        total = s if total is None else total + s
-    return total
-
-
-class _Staging:
-    """TMA traffic of one CTA: block ``t`` of its range into stage ``t % stages`` and back out."""
-
-    def __init__(self, plan: Plan, pid, col0):
-        self.plan, self.pid, self.col0 = plan, pid, col0
-        self.first = pid * plan.per
-        blocks = -(-max(plan.m, 1) // plan.block_rows)
-        self.count = jnp.clip(blocks - self.first, 0, plan.per)
-
-    def row0(self, t):
-        return (self.first + t) * self.plan.block_rows
-
-    def rows_valid(self, t):
-        return jnp.minimum(self.plan.block_rows, self.plan.m - self.row0(t))
-
-    def _pairs(self, gmem, smem, t):
-        """(gmem slice, smem slice) pairs moving block ``t``: one contiguous copy of whole rows, or a row's share
-        per copy in a cluster."""
-        pl = _pl()
-        p, s = self.plan, t % self.plan.stages
-        if p.cluster == 1:
-            return [(gmem.at[pl.ds(self.row0(t), p.block_rows)], smem.at[s])]
-        return [(gmem.at[pl.ds(self.row0(t) + r, 1), pl.ds(self.col0, p.width)], smem.at[s, pl.ds(r, 1)])
-                for r in range(p.block_rows)]
-
-    def load(self, t, pairs, bars):
-        plgpu = backend.mosaic()
-        for gmem, smem in pairs:
-            for g, s in self._pairs(gmem, smem, t):
-                plgpu.copy_gmem_to_smem(g, s, bars.at[t % self.plan.stages], oob_mode=plgpu.OOBFillMode.UNDEFINED)
-
-    def store(self, t, pairs):
-        plgpu = backend.mosaic()
-        moves = [m for smem, gmem in pairs for m in self._pairs(gmem, smem, t)]
-        for i, (g, s) in enumerate(moves):
-            plgpu.copy_smem_to_gmem(s, g, commit_group=i == len(moves) - 1)
-
-    def pipeline(self, loads, bars, step, carry):
-        """``carry = step(t, s, carry)`` for each block ``t`` of this CTA (``step`` issues the block's stores; a
-        stage is reloaded once the store reading it is done). The first ``max(stages - 1, 1)`` blocks are loaded
-        before the loop.
-
-        Two stages: block ``t + 1`` is loaded into the stage block ``t - 1`` was stored from *before* block ``t``
-        is computed (waiting for that store's reads first), so one load is in flight during the compute; loading it
-        after (the order for more stages) would leave none. More stages: the load of block ``t + stages - 1`` is
-        issued after block ``t``'s compute, once the store of block ``t - 1`` is done (a store still in flight is
-        not waited for); ``stages - 2`` loads are in flight during the compute. H100 (bf16, kernels timed;
-        ``docs/benchmarks.md``): two stages, load first, 2048×131072 forward (cluster 8, weight in shared memory)
-        1.65 → 2.31 TB/s, 4096×65536 backward 1.98 → 2.41; three stages, load first, slower everywhere measured
-        (2048×131072 forward 1.49 → 1.35)."""
-        plgpu, pl = backend.mosaic(), _pl()
-        stages = self.plan.stages
-        first = stages == 2
-        ahead = max(stages - 1, 1)
-        for j in range(ahead):
-            @pl.when(j < self.count)
-            def _():
-                self.load(j, loads, bars)
-
-        def body(t, c):
-            s = t % stages
-            if first:
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-                @pl.when(t + 1 < self.count)
-                def _():
-                    self.load(t + 1, loads, bars)
-            plgpu.barrier_wait(bars.at[s])
-            c = step(t, s, c)
-            if not first:
-                plgpu.wait_smem_to_gmem(1 if stages > 1 else 0, wait_read_only=True)
-
-                @pl.when(t + ahead < self.count)
-                def _():
-                    self.load(t + ahead, loads, bars)
-            return c
-
-        return lax.fori_loop(0, self.count, body, carry)
-
-
-@functools.cache
-def _pl():
-    from jax.experimental import pallas as pl
-
-    return pl
-
-
-def _cluster_sum(plan: Plan, cta: "_Cta", parity, partial_of):
-    """Every row's sum over the cluster: each CTA writes ``partial_of(r)`` (its share's) to its own slot
-    ``part_s[parity, r, j]``; all arrive and wait, then each reads every CTA's slot in cluster order (the same sum
-    everywhere). The warpgroup barrier first orders the slots' stores before the arrival (another thread of the
-    warpgroup signals the peers' barriers). A slot is rewritten two blocks later, after every CTA has passed the
-    next block's barrier, hence after every read of it."""
-    plgpu = backend.mosaic()
-    part_s, cbar, rows = cta.part_s, cta.cbar, plan.block_rows
-    for r in range(rows):
-        part_s[parity, r, cta.j] = partial_of(r)
-    plgpu.commit_smem()
-    plgpu.barrier_arrive(cbar.at[parity])
-    plgpu.barrier_wait(cbar.at[parity])
-    out = []
-    for r in range(rows):
-        tot = plgpu.cluster_ref(part_s, {"c": 0})[parity, r, 0]
-        for q in range(1, plan.cluster):
-            tot = tot + plgpu.cluster_ref(part_s, {"c": q})[parity, r, q]
-        out.append(tot)
-    return out
-
-
-def _cluster_exit(plan: Plan, cta: "_Cta") -> None:
+def _cluster_exit(plan: Plan, cta: "Cta") -> None:
     """In a cluster, a CTA leaves only once every peer has arrived after its last block: the peers read its slots of
     that block through distributed shared memory, and shared memory of an exited CTA may not be read (it failed with
     "unspecified launch failure" on the H100: 8192×32768, cluster 4, 2 CTAs per SM). The barrier after the last
@@ -168,51 +39,12 @@ def _cluster_exit(plan: Plan, cta: "_Cta") -> None:
     plgpu.barrier_wait(cta.cbar.at[parity])
 
 
-def _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
-    """``w_eff`` of one chunk (float32), from the staged slice or global memory (None without a weight)."""
-    if w_g is None:
-        return None
-    pl, plgpu = _pl(), backend.mosaic()
-    src = w_s.at[pl.ds(off, size)] if w_s is not None else w_g.at[pl.ds(col0 + off, size)]
-    w32 = plgpu.load(src, layout=_layout(size)).astype(F32)
-    return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))
-
-
-class _Cta:
-    """What every kernel sets up the same way: the trailing scratch refs (``[w_s], [part_s], bars, [wbar],
-    [cbar]``), this CTA's place (cluster ``pid``, rank ``j``, first column ``col0``), its staging and chunks, and
-    the weight slice staged in shared memory (when the plan says so)."""
-
-    def __init__(self, plan: Plan, it, w_g):
-        pl, plgpu = _pl(), backend.mosaic()
-        self.w_s = next(it) if w_g is not None and plan.weight_in_smem else None
-        self.part_s = next(it) if plan.cluster > 1 else None
-        self.bars = next(it)
-        wbar = next(it) if self.w_s is not None else None
-        self.cbar = next(it) if plan.cluster > 1 else None
-        self.pid = lax.axis_index("p")
-        self.j = lax.axis_index("c") if plan.cluster > 1 else 0
-        self.col0 = self.j * plan.width
-        self.st = _Staging(plan, self.pid, self.col0)
-        self.chunks = plan.chunks()
-        if self.w_s is not None:
-            plgpu.copy_gmem_to_smem(w_g.at[pl.ds(self.col0, plan.width)], self.w_s, wbar,
-                                    oob_mode=plgpu.OOBFillMode.UNDEFINED)
-            plgpu.barrier_wait(wbar)
-
-
-def _row(ref, s, r, off: int, size: int):
-    """Chunk ``[off, off + size)`` of row ``r`` of stage ``s`` of a staging buffer, widened to float32."""
-    pl, plgpu = _pl(), backend.mosaic()
-    return plgpu.load(ref.at[s, r, pl.ds(off, size)], layout=_layout(size)).astype(F32)
-
-
 def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, split_h, split_y):
     """Forward: ``y`` (and the fused add's ``h``) and ``rstd``. Refs: ``x, [residual], [weight]``, outputs
     ``y, [h], rstd (m,)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``h``
     is written over the residual's staging buffer (``split_h``: its own buffer, when the dtypes differ) and ``y``
     over x's (``split_y`` likewise)."""
-    pl, plgpu = _pl(), backend.mosaic()
+    pl, plgpu = pallas(), backend.mosaic()
     it = iter(refs)
     x_g = next(it)
     res_g = next(it) if fused else None
@@ -222,16 +54,16 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     res_s = next(it) if fused else None
     h_s = (next(it) if split_h else res_s) if fused else x_s
     y_s = next(it) if split_y else x_s
-    cta = _Cta(plan, it, w_g)
+    cta = Cta(plan, it, w_g)
     w_s, bars, st, chunks, j, col0 = cta.w_s, cta.bars, cta.st, cta.chunks, cta.j, cta.col0
     dt = y_g.dtype
 
     def row_values(s, r, off, size):
         """The row values normalised (float32): x, or ``h = r_h(x + residual)`` (also stored to ``h_s``)."""
-        x32 = _row(x_s, s, r, off, size)
+        x32 = load_chunk(x_s, s, r, off, size)
         if not fused:
             return x32
-        res32 = _row(res_s, s, r, off, size)
+        res32 = load_chunk(res_s, s, r, off, size)
         h32 = rowmath.residual_add(x32, res32, rounder(dt))
         h_s[s, r, pl.ds(off, size)] = h32.astype(dt)
         return h32
@@ -242,9 +74,9 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     def normalise(s, r, rstd, held):
         """``y`` of row ``r``, from the values of the first walk (``held``, when ``plan.hold``) or re-read."""
         for i, (off, size) in enumerate(chunks):
-            h32 = held[i] if plan.hold else _row(h_s if fused else x_s, s, r, off, size)
+            h32 = held[i] if plan.hold else load_chunk(h_s if fused else x_s, s, r, off, size)
             n_val = rowmath.normalized(h32, rstd, casting, rounder(dt))
-            w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
+            w_eff = weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
             y_s[s, r, pl.ds(off, size)] = rowmath.output(n_val, w_eff).astype(dt)
 
     def rstd_of(total):
@@ -256,12 +88,12 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
             @pl.loop(0, valid)
             def _(r):
                 held = row_chunks(s, r)
-                rstd = rstd_of(_scalar_sum([_sq(v) for v in held]))
+                rstd = rstd_of(scalar_sum([_sq(v) for v in held]))
                 normalise(s, r, rstd, held)
                 rstd_g[st.row0(t) + r] = rstd
         else:
             held = [row_chunks(s, r) for r in range(plan.block_rows)]
-            totals = _cluster_sum(plan, cta, t % 2, lambda r: _scalar_sum([_sq(v) for v in held[r]]))
+            totals = cluster_sum(plan, cta, t % 2, lambda r: scalar_sum([_sq(v) for v in held[r]]))
             for r in range(plan.block_rows):
                 rstd = rstd_of(totals[r])
 
@@ -293,7 +125,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     staged copy of ``dy`` (the caller's ``dy`` is only read). The ``dweight`` partial of the chunks at or beyond
     column ``width - dw_spill`` accumulates in ``dw_s`` (each thread reads and writes only its own elements, in
     the chunk's layout: no barrier), the others' in registers."""
-    pl, plgpu = _pl(), backend.mosaic()
+    pl, plgpu = pallas(), backend.mosaic()
     it = iter(refs)
     x_g = next(it)
     w_g = next(it) if has_weight else None
@@ -307,13 +139,13 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     dw_s = next(it) if plan.dw_spill else None
     spill0 = plan.width - plan.dw_spill  # the first column whose partial is in dw_s
     in_regs = [off < spill0 for off, _ in plan.chunks()]  # a prefix of the chunks
-    cta = _Cta(plan, it, w_g)
+    cta = Cta(plan, it, w_g)
     w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
     dt = dy_g.dtype
 
     def grad_scale(s, r, off, size):
-        w_eff = _weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
-        dy32 = _row(dy_s, s, r, off, size)
+        w_eff = weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt)
+        dy32 = load_chunk(dy_s, s, r, off, size)
         return dy32, w_eff, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt))
 
     def row_inputs(s, r):
@@ -321,11 +153,11 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         out = []
         for off, size in chunks:
             dy32, _, g = grad_scale(s, r, off, size)
-            out.append((_row(x_s, s, r, off, size), dy32, g))
+            out.append((load_chunk(x_s, s, r, off, size), dy32, g))
         return out
 
     def sum_gx(held):
-        return _scalar_sum([g * x32 for x32, _, g in held])
+        return scalar_sum([g * x32 for x32, _, g in held])
 
     def row_grads(s, r, rstd, total, dw, held):
         """``dx`` of row ``r`` and the ``dweight`` terms, from the first walk's values (``held``, when
@@ -335,7 +167,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
             if plan.hold:
                 x32, dy32, g = held[i]
             else:
-                x32 = _row(x_s, s, r, off, size)
+                x32 = load_chunk(x_s, s, r, off, size)
                 dy32, _, g = grad_scale(s, r, off, size)
             if need_dw:
                 n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
@@ -347,7 +179,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
             if need_dx:
                 dx = rowmath.grad_input(x32, g, rstd, total, F32(plan.n))
                 if fused:
-                    dx = rowmath.grad_residual(dx, _row(dh_s, s, r, off, size))
+                    dx = rowmath.grad_residual(dx, load_chunk(dh_s, s, r, off, size))
                 dy_s[s, r, pl.ds(off, size)] = dx.astype(dt)
         return tuple(dw)
 
@@ -355,14 +187,14 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         valid = st.rows_valid(t)
         base = st.row0(t)
         if plan.cluster == 1:
-            def row(r, acc):
+            def one_row(r, acc):
                 held = row_inputs(s, r)
                 return row_grads(s, r, rstd_g[base + r], sum_gx(held), acc, held)
 
-            dw = lax.fori_loop(0, valid, row, dw)
+            dw = lax.fori_loop(0, valid, one_row, dw)
         else:
             held = [row_inputs(s, r) for r in range(plan.block_rows)]
-            totals = _cluster_sum(plan, cta, t % 2, lambda r: sum_gx(held[r]))
+            totals = cluster_sum(plan, cta, t % 2, lambda r: sum_gx(held[r]))
             for r in range(plan.block_rows):
                 dw = lax.cond(r < valid, lambda acc: row_grads(s, r, rstd_g[base + r], totals[r], acc, held[r]),
                               lambda acc: acc, dw)
@@ -372,7 +204,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         return dw
 
     def zeros(size):
-        return plgpu.layout_cast(jnp.zeros((size,), F32), _layout(size))
+        return plgpu.layout_cast(jnp.zeros((size,), F32), layout(size))
 
     spilled = [(off, size) for (off, size), reg in zip(chunks, in_regs) if not reg]
     if need_dw:
@@ -386,23 +218,23 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
             dwp_g[pid, pl.ds(col0 + off, size)] = acc
         for off, size in spilled:
             dwp_g[pid, pl.ds(col0 + off, size)] = plgpu.load(dw_s.at[pl.ds(off - spill0, size)],
-                                                             layout=_layout(size))
+                                                             layout=layout(size))
     plgpu.wait_smem_to_gmem(0)
 
 
 def _spilled_add(dw_s, off: int, size: int, terms) -> None:
     """``dw_s[off : off + size] += terms`` (a chunk of the ``dweight`` partial kept in shared memory)."""
-    pl, plgpu = _pl(), backend.mosaic()
-    dw_s[pl.ds(off, size)] = plgpu.load(dw_s.at[pl.ds(off, size)], layout=_layout(size)) + terms
+    pl, plgpu = pallas(), backend.mosaic()
+    dw_s[pl.ds(off, size)] = plgpu.load(dw_s.at[pl.ds(off, size)], layout=layout(size)) + terms
 
 
 def _dweight_reduce_kernel(dwp_g, dw_g, *, parts: int, cols: int, unroll: int):
     """``dweight[c] = Σ_p partials[p, c]`` for this CTA's ``cols`` columns, summed in order p = 0, 1, …
     (deterministic; both stacks launch this kernel, hence the same bits). Each loop step issues ``unroll`` loads
     before adding them in order (latency hidden, order kept); the remainder is added after the loop."""
-    pl, plgpu = _pl(), backend.mosaic()
+    pl, plgpu = pallas(), backend.mosaic()
     c0 = lax.axis_index("c") * cols
-    lay = _layout(cols)
+    lay = layout(cols)
 
     def add(p0, count, acc):
         rows = [plgpu.load(dwp_g.at[p0 + i, pl.ds(c0, cols)], layout=lay) for i in range(count)]

@@ -113,6 +113,10 @@ def test_fit_splits_long_rows_over_a_cluster():
     # a cluster whose share keeps dweight in registers comes before a smaller one that spills
     plan = mosaic_config.fit(None, 64, 16384, row_bytes=4, weight_bytes=2, widest=2, backward=True)
     assert plan.cluster == 2 and plan.dw_spill == 0
+    # the interpreter (one CTA per row) spills like the GPU where shared memory allows, else keeps it all
+    interpreted = [mosaic_config.fit(None, 4, n, row_bytes=4, weight_bytes=2, widest=2, backward=True,
+                                     interpret=True) for n in (16384, 32768)]
+    assert [(p.cluster, p.dw_spill) for p in interpreted] == [(1, 8192), (1, 0)]
     plan = mosaic_config.fit(None, 4096, 65536, row_bytes=4, weight_bytes=2, widest=2, backward=True)
     assert plan.cluster == 8 and plan.width == 8192 and len(plan.chunks()) == 8
     tails = mosaic_config.fit(MosaicConfig(cluster=1), 8, 1152, row_bytes=2, weight_bytes=2, widest=2,
