@@ -20,6 +20,13 @@ MAX_BLOCK_ROWS = 1024
 # of the sweep's best at every shape).
 TARGET_ELEMS = 8192
 FWD_ELEMS_PER_WARP = 1024
+# Forward, resident rows, when that grid would be under FWD_MIN_PROGRAMS programs (few rows: 4096×1024 is 512 of
+# 8 rows): (block_rows, warps) by padded row length. Timed as the suite times (8 rotated copies, kernel durations;
+# bench/results/fwd_4096rows_h100.md, H100 2026-11-25): 4096×1024 2 rows, 4 warps 2.38 TB/s against 2.22 (XLA's
+# jnp fusion 2.39); 4096×2048 2 rows, 8 warps 2.56 against 2.42 (XLA 2.50). At 4096×2304 (one row, 4 warps 2.52
+# against 2.40) and 4096×4096 (the default the fastest) the same padded length disagreed: not taken.
+FWD_MIN_PROGRAMS = 2048
+FWD_FEW_ROWS = {1024: (2, 4), 2048: (2, 8)}
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
 FWD_CHUNKED = (16384, 32, 2, True)
@@ -111,6 +118,9 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
     if not backward:
         block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
         warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
+        if cdiv(max(m, 1), block_rows) < FWD_MIN_PROGRAMS and n_pad in FWD_FEW_ROWS:
+            block_rows, warps = FWD_FEW_ROWS[n_pad]
+            block_rows = min(block_rows, rows)
         return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)

@@ -56,6 +56,16 @@ def test_shapes(case):
 CHUNKED = Config(block_rows=1, block_cols=128, num_warps=1)  # 1000-wide rows in 8 column chunks
 
 
+def test_forward_heuristic_spreads_few_rows():
+    """A forward of few short rows gets more, smaller programs (``FWD_FEW_ROWS``: 4096×1024 was 512 programs of 8
+    rows); many rows keep ``TARGET_ELEMS`` per program, and lengths outside the table keep the default."""
+    tiles = {(m, n): (c.block_rows, c.num_warps) for m, n in ((4096, 1024), (4096, 2048), (32768, 1024),
+                                                             (4096, 4096), (3, 1024))
+             for c in [pallas_config.heuristic(m, n, backward=False)]}
+    assert tiles == {(4096, 1024): (2, 4), (4096, 2048): (2, 8), (32768, 1024): (8, 8), (4096, 4096): (2, 8),
+                     (3, 1024): (2, 4)}
+
+
 @pytest.mark.parametrize("casting", pn.CASTINGS)
 def test_chunked_path(casting):
     """Long rows walk column chunks (forward two passes; backward row sums then column-chunk programs), forced
