@@ -6,8 +6,9 @@ memory by TMA bulk copies, ``plan.stages`` blocks deep, so global memory is read
 of squares (forward) or ``Σ g·x`` (backward) walks the staged row, and the second walk writes the result in
 place, from where a TMA store writes it back. In a cluster each CTA reduces its share and the partial sums are
 exchanged through distributed shared memory (the same fixed order in every CTA, hence the same ``rstd``).
-Row math comes from ``rowmath``; registers hold one chunk of ``128·vec`` elements per thread at a time
-(``WG_STRIDED`` layout: every thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype).
+Row math comes from ``rowmath``; rows are walked in chunks of ``128·vec`` elements (``WG_STRIDED`` layout: every
+thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype), and with ``plan.hold`` the first walk's
+chunks stay in registers for the second.
 The backward keeps each CTA's float32 ``dweight`` partial (its columns' share of every row it walks) in
 registers, and the columns beyond ``DW_REGS`` per thread in shared memory (``plan.dw_spill``: rows of 262144
 columns, 16384 per CTA); a second kernel sums the partials in a fixed order (deterministic).
