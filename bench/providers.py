@@ -54,7 +54,7 @@ def jax_modes(f: Callable, x, w, dy) -> dict[str, Callable]:
     sets = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in (x, w, dy))
             for _ in range(reps)]
     vjps = functools.cache(lambda: [jax.vjp(f, a, b)[1] for a, b, _ in sets])  # first "bwd" call: a backward
-    # that cannot run there (e.g. Mosaic GPU past 131072 columns) fails that mode only
+    # that cannot run there (e.g. Mosaic GPU past 262144 columns) fails that mode only
 
     def fwd_bwd(a, b, c):  # y stays live: XLA may not drop the forward
         y, vjp = jax.vjp(f, a, b)

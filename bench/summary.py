@@ -30,7 +30,8 @@ def table(paths: list[pathlib.Path] | None = None) -> str:
     """The summary block (markers included) from the suite runs at ``paths`` (default: the committed ones)."""
     paths = sorted(paths or RESULTS.glob("bench_*.json"))
     out = [BEGIN, "", "TB/s and % of the copy bandwidth measured in the same run (bytes: fwd 2·M·N·s, bwd "
-           "3·M·N·s, s the dtype's size). Full tables, every shape and peer: [`bench/results/`](bench/results/README.md).", "",
+           "3·M·N·s, s the dtype's size). Full tables, every shape and peer: "
+           "[`bench/results/`](bench/results/README.md).", "",
            "| run | M×N | mode | " + " | ".join(label(p) for p in OURS) + " | best peer |",
            "|---|---|---|" + "---|" * (len(OURS) + 1)]
     for path in paths:

@@ -35,7 +35,7 @@ class MosaicConfig:
 
     ``block_rows`` rows per TMA block (each staged whole, or its ``1/cluster`` share); ``stages`` blocks in
     shared memory at once (``stages - 1`` loads in flight while one block computes); ``cluster`` CTAs sharing
-    each row (1, 2, 4, 8; None: the fewest that fit); ``programs_per_sm`` co-resident CTAs per SM (the persistent
+    each row (``CLUSTERS``; None: the fewest that fit); ``programs_per_sm`` co-resident CTAs per SM (the persistent
     grid is ``programs_per_sm × SMs / cluster`` clusters, each taking a contiguous range of row blocks);
     ``weight_in_smem``: the weight (slice) is staged in shared memory once per CTA, else read from global memory
     (L2) per row; ``hold``: a row's share stays in registers (float32) from the kernel's first walk of it (the

@@ -138,10 +138,10 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     x_s, dy_s = next(it), next(it)
     dh_s = next(it) if fused else None
     dw_s = next(it) if plan.dw_spill else None
-    spill0 = plan.width - plan.dw_spill  # the first column whose partial is in dw_s
-    in_regs = [off < spill0 for off, _ in plan.chunks()]  # a prefix of the chunks
     cta = Cta(plan, it, w_g)
     w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
+    spill0 = plan.width - plan.dw_spill  # the first column whose partial is in dw_s
+    in_regs = [off < spill0 for off, _ in chunks]  # a prefix of the chunks
     dt = dy_g.dtype
 
     def grad_scale(s, r, off, size):

@@ -171,7 +171,7 @@ def test_step_fused_vs_unfused_counts_the_rounds_fused_wins(monkeypatch):
 
 
 def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
-    """A provider whose backward refuses a shape (Mosaic GPU past 131072 columns) keeps its forward row; the
+    """A provider whose backward refuses a shape (Mosaic GPU past 262144 columns) keeps its forward row; the
     broken variant (one error for the whole provider) would give three error rows."""
     from bench import suite
     from bench.providers import Provider
