@@ -11,13 +11,14 @@ sweep that justifies it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import sys
 
 import torch
 
-from bench import timing
+from bench import ptxas, timing
 from pallas_norm import backend, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
@@ -93,6 +94,20 @@ def _mosaic_plan(cfg, m: int, n: int, row_bytes: int, itemsize: int, backward: b
         return None
 
 
+def mosaic_resources(report: dict[str, dict[str, int]], mode: str, plan: mosaic_config.Plan | None) -> str:
+    """The main kernel's line of ptxas's ``report`` (``ptxas.capture``): registers, spill bytes, and the CTAs per
+    SM those registers allow against the ones the plan's persistent grid asks for ("" when nothing was compiled:
+    a launcher built earlier)."""
+    main = next((r for name, r in report.items() if f"norm_{mode}" in name and "reduce" not in name), None)
+    if main is None:
+        return ""
+    text = f"{main['registers']} regs, {main['spill_stores']} B spilled"
+    if plan is not None:
+        asked = -(-plan.programs * plan.cluster // backend.num_sms())
+        text += f", {ptxas.resident_ctas(main['registers'], mosaic_config.THREADS)} CTAs/SM by registers (asks {asked})"
+    return text
+
+
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
     base = (triton_config.backward_config if backward else triton_config.forward_config)(n)
     if not base.chunked(n):
@@ -111,7 +126,8 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
 def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas") -> list[dict]:
     """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
     are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver
-    (Triton lowering). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``."""
+    (Triton lowering) or ptxas's report (Mosaic GPU, with the CTAs per SM those registers allow against those the
+    plan's persistent grid asks for). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``."""
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     dev = x.get_device()
     rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
@@ -123,14 +139,16 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
             if kernel == "mosaic" and cfg is None:
                 cfg = mosaic_config.heuristic(m, n, backward=backward)
             try:
-                if backward:
-                    launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
-                    call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
-                else:
-                    launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev,
-                                                             cfg)
-                    call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
-                row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+                # Mosaic's runtime compiles at the launcher's first call: the report is captured around the timing
+                with ptxas.capture() if kernel == "mosaic" else contextlib.nullcontext({}) as report:
+                    if backward:
+                        launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
+                        call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
+                    else:
+                        launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting,
+                                                                 dev, cfg)
+                        call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
+                    row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_torch(call))
             except torch.AcceleratorError:  # the CUDA context is lost: nothing after this can run
                 print(f"sweep: {kernel} {m}x{n} {'bwd' if backward else 'fwd'} {cfg!r} broke the CUDA context",
                       file=sys.stderr, flush=True)
@@ -144,6 +162,9 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
             main = [k for k in launcher.kernels if "reduce" not in getattr(k, "name", "")][-1]  # not dweight's sum
             if hasattr(main, "registers"):
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
+            elif kernel == "mosaic":
+                plan = _mosaic_plan(cfg, m, n, x.element_size() * (2 if backward else 1), x.element_size(), backward)
+                row["resources"] = mosaic_resources(report, "bwd" if backward else "fwd", plan)
             rows.append(row)
     return rows
 

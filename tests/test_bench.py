@@ -133,6 +133,57 @@ def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
     assert len(longest) > 1 and {(p.cluster, p.dw_spill) for p in longest} == {(16, 8192)}  # only 16 holds the row
 
 
+PTXAS_REPORT = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'mosaic_norm_bwd_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for mosaic_norm_bwd_mosaic_gpu_kernel
+    72 bytes stack frame, 76 bytes spill stores, 76 bytes spill loads
+ptxas info    : Used 255 registers, used 2 barriers, 72 bytes cumulative stack size, 1 bytes smem
+ptxas info    : Compiling entry function 'mosaic_norm_dweight_reduce_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for mosaic_norm_dweight_reduce_mosaic_gpu_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 87 registers, used 2 barriers
+"""
+
+
+@pytest.mark.parametrize("variant", ["kernel", "broken"])
+def test_ptxas_report_is_read_off_the_c_level_stderr(monkeypatch, capfd, variant):
+    """Mosaic's runtime prints ptxas's report on the process's file descriptors (standard output on the H100),
+    past Python's streams: ``capture`` redirects descriptors 1 and 2, parses each entry function and passes other
+    lines on. A capture that left the descriptors alone (the broken variant) reads nothing."""
+    import os
+
+    from bench import ptxas
+
+    monkeypatch.delenv(ptxas.ENV, raising=False)
+    if variant == "broken":
+        monkeypatch.setattr(ptxas.os, "dup2", lambda *a: None)
+    with ptxas.capture() as report:
+        os.write(1, PTXAS_REPORT.encode())
+        os.write(2, b"unrelated warning\n")
+    assert os.environ[ptxas.ENV] == "1"
+    if variant == "kernel":
+        assert report == {"mosaic_norm_bwd_mosaic_gpu_kernel": dict(registers=255, spill_stores=76, stack=72),
+                          "mosaic_norm_dweight_reduce_mosaic_gpu_kernel": dict(registers=87, spill_stores=0, stack=0)}
+        assert capfd.readouterr().err.strip() == "unrelated warning"
+    else:
+        assert report == {}
+
+
+def test_registers_decide_how_many_ctas_an_sm_holds():
+    """Registers are allocated per warp in units of 256: 255 per thread leave room for 2 CTAs of one warpgroup
+    (what the Mosaic backward gets from 8192 columns per CTA), 168 for 3, and the sweep's column says both."""
+    from bench import ptxas, sweep
+    from pallas_norm import backend, mosaic_config
+
+    assert [ptxas.resident_ctas(r, 128) for r in (255, 168, 169, 32, 0)] == [2, 3, 2, 16, 0]
+    assert ptxas.resident_ctas(255, 256) == 1
+    plan = mosaic_config.fit(None, 2048, 131072, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+    text = sweep.mosaic_resources(ptxas.parse(PTXAS_REPORT), "bwd", plan)
+    asked = -(-plan.programs * plan.cluster // backend.num_sms())
+    assert text == f"255 regs, 76 B spilled, 2 CTAs/SM by registers (asks {asked})"
+    assert sweep.mosaic_resources({}, "bwd", plan) == ""
+
+
 def test_step_pairs_fused_with_unfused_by_round():
     """A drift between rounds (round 2 twice as slow for everyone) cancels in the paired ratio, not in medians of
     each provider; the step table shows the paired column for fused providers only."""
