@@ -183,6 +183,16 @@ def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
     return backward and not spill
 
 
+def holds_dy(plan: Plan) -> bool:
+    """Whether a holding backward keeps ``dy`` in registers too (else it keeps ``x`` and ``g`` and reads ``dy`` again
+    from shared memory for the ``dweight`` terms): only for shares narrower than ``DW_REGS · THREADS`` columns. At
+    8192 columns per CTA the held values and the ``dweight`` partial would need 256 registers per thread (ptxas
+    gives 255 and spills). H100, bf16, kernels timed (2026-11-25, seventh session, the same bits): 2048×131072
+    2.62 → 2.75 TB/s, 4096×65536 2.58 → 2.67, 32768×16384 2.85 → 2.90, 4096×16384 2.67 → 2.74, 32768×8192
+    2.86 → 2.85; narrower shares lose a little without it (32768×5120 2.72 → 2.71, 8192×32768 2.79 → 2.78)."""
+    return plan.width < DW_REGS * THREADS
+
+
 # Long rows (``n_pad`` > 16384), from bench/results/sweep_h100_bfloat16_llama_mosaic.md (H100, bf16): the fastest
 # (cluster, stages, CTAs per SM, weight in shared memory) per padded row length and direction. Forward: 32768 on
 # pairs (16384 columns each, 3 stages: 2.70 TB/s, the default of the time 1.94). Backward: 32768 on clusters of 8,

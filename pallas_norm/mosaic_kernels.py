@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import backend, rowmath
-from .mosaic_config import Plan
+from .mosaic_config import Plan, holds_dy
 from .mosaic_cta import Cta, cluster_sum, layout, load_chunk, pallas, scalar_sum, weight_chunk
 from .rounding import rounder
 
@@ -141,6 +141,7 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
     cta = Cta(plan, it, w_g)
     w_s, bars, st, chunks, col0, pid = cta.w_s, cta.bars, cta.st, cta.chunks, cta.col0, cta.pid
     spill0 = plan.width - plan.dw_spill  # the first column whose partial is in dw_s
+    hold_dy = holds_dy(plan)
     in_regs = [off < spill0 for off, _ in chunks]  # a prefix of the chunks
     dt = dy_g.dtype
 
@@ -167,6 +168,8 @@ def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw
         for i, (off, size) in enumerate(chunks):
             if plan.hold:
                 x32, dy32, g = held[i]
+                if not hold_dy:
+                    dy32 = load_chunk(dy_s, s, r, off, size)
             else:
                 x32 = load_chunk(x_s, s, r, off, size)
                 dy32, _, g = grad_scale(s, r, off, size)

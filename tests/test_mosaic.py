@@ -144,6 +144,31 @@ def test_dweight_spill(monkeypatch):
         jax.clear_caches()  # no later test may find these traces
 
 
+def test_backward_reads_dy_again_where_holding_it_would_spill(monkeypatch):
+    """A holding backward keeps ``x`` and ``g`` in registers but reads ``dy`` again for the ``dweight`` terms once a
+    share reaches ``DW_REGS · THREADS`` columns (8192 on the GPU, where holding ``dy`` too spilled registers);
+    here ``DW_REGS`` is lowered so that a 1536-column share reaches it. Held to the float64 rule, and to the bits
+    of the same kernel holding ``dy``: the value read again is the one held."""
+    from pallas_norm import mosaic_kernels
+
+    monkeypatch.setattr(mosaic_config, "DW_REGS", 12)  # 1536 columns: the partial still fits, dy is read again
+    config = MosaicConfig(block_rows=2, stages=2, hold=True)
+    plan = mosaic_config.fit(config, 37, 1536, row_bytes=4, weight_bytes=2, widest=2, backward=True, interpret=True)
+    assert plan.hold and plan.dw_spill == 0 and not mosaic_config.holds_dy(plan)
+    x, w, dy = jax_inputs((37, 1536), jnp.bfloat16, 0.0, seed=17)
+    jax.clear_caches()
+    try:
+        check_jax(x, w, dy, MOSAIC, config=config, bwd_config=config)
+        read_again = jax_vjp(MOSAIC, x, w, dy, config=config, bwd_config=config)
+        monkeypatch.setattr(mosaic_kernels, "holds_dy", lambda plan: True)
+        jax.clear_caches()
+        held = jax_vjp(MOSAIC, x, w, dy, config=config, bwd_config=config)
+        for a, b in zip(read_again, held):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    finally:
+        jax.clear_caches()
+
+
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("m,n,casting,offset", [
