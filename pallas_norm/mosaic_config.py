@@ -174,10 +174,10 @@ def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, s
 def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
     """``config.hold``, or by default: the backward holds (x, ``g``, and dy where ``holds_dy``) unless its
     ``dweight`` partial spills to shared memory; the forward does not (the long-row table sets it where it won).
-    H100, bf16, kernels timed (2026-11-25, ``bench/results/mosaic_hold_spill_h100.md``): backward 32768×8192 2.50 → 2.85 TB/s,
-    2048×131072 2.29 → 2.63, 8192×32768 2.45 → 2.81, 32768×16384 2.58 → 2.82, 32768×2304 2.45 → 2.60, but
-    32768×4096 2.76 → 2.69 and 32768×3584 2.76 → 2.72; forward 1024×262144 2.21 → 2.37, yet 2048×131072
-    (4 CTAs per SM) 2.76 → 1.99 and rows one CTA holds within ±1.3%."""
+    H100, bf16, kernels timed (2026-11-25, ``bench/results/mosaic_hold_spill_h100.md``): backward 32768×8192
+    2.50 → 2.85 TB/s, 2048×131072 2.29 → 2.63, 8192×32768 2.45 → 2.81, 32768×16384 2.58 → 2.82, 32768×2304
+    2.45 → 2.60, but 32768×4096 2.76 → 2.69 and 32768×3584 2.76 → 2.72; forward 1024×262144 2.21 → 2.37, yet
+    2048×131072 (4 CTAs per SM) 2.76 → 1.99 and rows one CTA holds within ±1.3%."""
     if config.hold is not None:
         return config.hold
     return backward and not spill
