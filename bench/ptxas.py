@@ -4,8 +4,8 @@ registers leave of an SM.
 Mosaic GPU's runtime compiles each kernel in-process and, with ``MOSAIC_GPU_DUMP_PTXAS=1`` in the environment,
 prints ptxas's verbose report on the process's own file descriptors (the C library's standard output, past
 Python's ``sys.stdout``; seen on the H100). ``capture()`` redirects descriptors 1 and 2 while kernels compile
-and parses what ptxas said. The Triton-lowered kernels' resources
-come from the driver instead (``torch_bridge.cuda_driver.CudaKernel.registers``).
+and parses what ptxas said. The Triton-lowered kernels' resources come from the driver instead
+(``torch_bridge.cuda_driver.CudaKernel.registers``).
 
 Why it matters (H100, 2026-11-25, ``bench/results/mosaic_long_rows_experiments_h100.md``): the Mosaic backward
 reaches 255 registers per thread from 8192 columns per CTA, which leaves 2 CTAs of one warpgroup per SM whatever

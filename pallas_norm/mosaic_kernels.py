@@ -8,7 +8,7 @@ place, from where a TMA store writes it back. In a cluster each CTA reduces its 
 exchanged through distributed shared memory (the same fixed order in every CTA, hence the same ``rstd``).
 Row math comes from ``rowmath``; rows are walked in chunks of ``128·vec`` elements (``WG_STRIDED`` layout: every
 thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype), and with ``plan.hold`` the first walk's
-chunks stay in registers for the second.
+chunks stay in registers for the second (the backward's ``dy`` only in shares under 8192 columns: ``holds_dy``).
 The backward keeps each CTA's float32 ``dweight`` partial (its columns' share of every row it walks) in
 registers, and the columns beyond ``DW_REGS`` per thread in shared memory (``plan.dw_spill``: rows of 262144
 columns, 16384 per CTA); a second kernel sums the partials in a fixed order (deterministic).
