@@ -28,9 +28,15 @@ def _pl_triton():
     return triton
 
 
-def load(ref, mask: jnp.ndarray, *, other: float = 0.0) -> jnp.ndarray:
-    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``."""
-    return _pl_triton().load(ref, mask=mask, other=other)
+def load(ref, mask: jnp.ndarray, *, other: float = 0.0, volatile: bool = False) -> jnp.ndarray:
+    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``. ``volatile``:
+    read memory (L2) every time, not a cached copy (for polling what other programs write)."""
+    return _pl_triton().load(ref, mask=mask, other=other, volatile=volatile)
+
+
+def atomic_xchg(ref, idx, value: jnp.ndarray, mask: jnp.ndarray) -> None:
+    """``ref[idx] = value`` as atomic exchanges (acquire-release, GPU scope), where ``mask``."""
+    _pl_triton().atomic_xchg(ref, idx, value, mask=mask)
 
 
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:
