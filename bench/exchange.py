@@ -14,29 +14,31 @@ SHAPES = ((1024, 262144), (2048, 131072), (4096, 65536), (8192, 32768))
 
 
 def candidates(n: int, backward: bool) -> list:
-    """Exchange configs worth timing for rows of ``n`` columns (one program per SM unless the registers ptxas gives
-    allow two: a grid that is not co-resident makes programs give up waiting). Backward: shares of 8192 columns on
-    16 or 32 warps (128 / 64 registers, a little spilled), 4096 on 16 (111, none), 2048 on 4 (two per SM), the
-    weight reloaded, no prefetch; forward: shares of 8192 or 16384 columns on 8–32 warps, 4096 on 8 (two per SM)."""
+    """Exchange configs worth timing for rows of ``n`` columns, each grid co-resident by the registers ptxas gives
+    it (H100; a grid that is not makes programs give up waiting): backward shares of 4096 columns on 16 or 8 warps
+    (124 / 210 registers, one program per SM), 2048 on 4 (204, two per SM), 8192 on 16 or 32 (128 / 64, a little
+    spilled), the weight reloaded; forward shares of 8192 on 16 or 32 warps (100 / 59), 4096 on 16 or 8 (64 / 109,
+    two per SM), 2048 on 4 (96, four per SM), 16384 on 16 (128, spilled), the weight reloaded, no prefetch."""
     from pallas_norm import backend
     from pallas_norm.pallas_config import Config
 
     sms = backend.num_sms()
     if backward:
-        out = [Config(1, 8192, 16, exchange=True, prefetch=True), Config(1, 4096, 16, exchange=True, prefetch=True),
-               Config(1, 8192, 32, exchange=True, prefetch=True)]
+        out = [Config(1, 4096, 16, exchange=True, prefetch=True), Config(1, 8192, 16, exchange=True, prefetch=True),
+               Config(1, 2048, 4, exchange=True, prefetch=True, programs=2 * sms)]
         if n >= 262144:
-            out += [Config(1, 8192, 16, exchange=True, prefetch=True, reload_weight=True),
-                    Config(1, 4096, 8, exchange=True, prefetch=True, reload_weight=True),
-                    Config(1, 2048, 4, exchange=True, prefetch=True, programs=2 * sms),
-                    Config(1, 8192, 16, exchange=True)]
+            out += [Config(1, 4096, 8, exchange=True, prefetch=True), Config(1, 8192, 32, exchange=True, prefetch=True),
+                    Config(1, 8192, 16, exchange=True, prefetch=True, reload_weight=True),
+                    Config(1, 4096, 16, exchange=True)]
         return out
-    out = [Config(1, 8192, 16, exchange=True, prefetch=True), Config(1, 16384, 16, exchange=True, prefetch=True),
-           Config(1, 4096, 8, exchange=True, prefetch=True, programs=2 * sms)]
+    out = [Config(1, 8192, 16, exchange=True, prefetch=True),
+           Config(1, 4096, 16, exchange=True, prefetch=True, programs=2 * sms),
+           Config(1, 16384, 16, exchange=True, prefetch=True)]
     if n >= 262144:
-        out += [Config(1, 16384, 32, exchange=True, prefetch=True), Config(1, 8192, 8, exchange=True, prefetch=True),
+        out += [Config(1, 4096, 8, exchange=True, prefetch=True, programs=2 * sms),
+                Config(1, 2048, 4, exchange=True, prefetch=True, programs=4 * sms),
+                Config(1, 8192, 32, exchange=True, prefetch=True),
                 Config(1, 8192, 16, exchange=True, prefetch=True, reload_weight=True),
-                Config(1, 16384, 16, exchange=True, prefetch=True, reload_weight=True),
                 Config(1, 8192, 16, exchange=True)]
     return out
 

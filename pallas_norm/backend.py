@@ -34,9 +34,15 @@ def load(ref, mask: jnp.ndarray, *, other: float = 0.0, volatile: bool = False) 
     return _pl_triton().load(ref, mask=mask, other=other, volatile=volatile)
 
 
-def atomic_xchg(ref, idx, value: jnp.ndarray, mask: jnp.ndarray) -> None:
-    """``ref[idx] = value`` as atomic exchanges (acquire-release, GPU scope), where ``mask``."""
-    _pl_triton().atomic_xchg(ref, idx, value, mask=mask)
+def atomic_xchg(ref, idx, value: jnp.ndarray) -> None:
+    """``ref[idx] = value`` as an atomic exchange (acquire-release, GPU scope)."""
+    _pl_triton().atomic_xchg(ref, idx, value)
+
+
+def atomic_add(ref, idx, value: jnp.ndarray) -> jnp.ndarray:
+    """``ref[idx] += value`` as an atomic (acquire-release, GPU scope); returns the value before. On a scalar, one
+    thread of the program performs it and every thread gets its result."""
+    return _pl_triton().atomic_add(ref, idx, value)
 
 
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:

@@ -77,8 +77,9 @@ class Config:
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
     the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
     registers for long resident rows); ``exchange``: a long row's ``chunks(n)`` column chunks are held at once by
-    as many programs, which exchange their partial row sums through global memory (``split_rows.py``: x and dy
-    read once per pass); ``programs`` is then a multiple of ``chunks(n)``.
+    as many programs (one row each at a time: ``block_rows`` 1), which exchange their partial row sums through
+    global memory (``split_rows.py``: x and dy read once per pass); ``programs`` is then a multiple of
+    ``chunks(n)``.
     """
 
     block_rows: int
@@ -101,6 +102,9 @@ class Config:
         for flag in ("prefetch", "reload_weight", "exchange"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.exchange and self.block_rows != 1:
+            raise ValueError(f"exchange takes block_rows=1 (a program holds one row's share at a time), got "
+                             f"block_rows={self.block_rows}")
 
     def chunks(self, n: int) -> int:
         """Column chunks per row of length ``n`` (1: the row is resident)."""

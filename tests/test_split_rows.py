@@ -20,7 +20,7 @@ from pallas_norm.pallas_config import Config
 
 from helpers import JAX_DTYPES, KERNEL, ON_GPU, bits, check_jax, jax_inputs, jax_vjp, judge
 
-CPU_CONFIGS = [Config(1, 256, 4, exchange=True, prefetch=True), Config(2, 128, 2, exchange=True, programs=16),
+CPU_CONFIGS = [Config(1, 256, 4, exchange=True, prefetch=True), Config(1, 128, 2, exchange=True, programs=16),
                Config(1, 512, 4, exchange=True, reload_weight=True, programs=12)]
 CASES = list(itertools.product(JAX_DTYPES, pn.CASTINGS, (0.0, 1.0)))
 
@@ -32,8 +32,8 @@ def _check(shape, dtype, casting, offset, config, seed=0):
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_matrix(case):
-    """Each (dtype, casting, offset) once; rows of 1000 (4 shares of 256, the last ragged) or 3000 columns (6
-    shares of 512 in 8 slots), 37 rows (a ragged last row block where blocks hold 2 rows)."""
+    """Each (dtype, casting, offset) once; rows of 1000 columns (4 shares of 256, the last ragged; 8 of 128) or
+    3000 (6 shares of 512 in 8 slots); 37 rows over groups that take 4 to 37 of them."""
     dtype, casting, offset = CASES[case]
     config = CPU_CONFIGS[case % len(CPU_CONFIGS)]
     _check((37, 3000 if case % 3 == 2 else 1000), dtype, casting, offset, config, seed=case)
@@ -49,6 +49,8 @@ def test_fit_groups_shares():
     assert not pallas_config.fit(Config(1, 4096, 8, exchange=True), 8, 4096, backward=False).exchange
     with pytest.raises(ValueError, match="exchange must be a bool"):
         Config(1, 256, 4, exchange=1)
+    with pytest.raises(ValueError, match="block_rows=1"):
+        Config(2, 256, 4, exchange=True)
 
 
 def test_fused_add_and_nan_rows():
@@ -81,23 +83,22 @@ def test_fused_add_and_nan_rows():
 
 
 def test_posted_and_recomputed_totals_have_the_same_bits(monkeypatch):
-    """The interpreter runs programs one after the other: all but a row's last program find its slots unposted and
-    recompute the other shares' partials from memory; the last reads the posted slots. With nobody ever seeing a
-    posted slot (every program recomputes) the bits are the same. The broken variant, a program that takes its own
-    share's sum for the row's, is caught by the float64 rule."""
+    """The interpreter runs programs one after the other: all but a row group's last program find a row's counter
+    short and recompute the other shares' partials from memory; the last reads the posted slots. With nobody ever
+    seeing a complete counter (every program recomputes) the bits are the same. The broken variant, a program that
+    takes its own share's sum for the row's, is caught by the float64 rule."""
     config = CPU_CONFIGS[0]
     x, w, dy = jax_inputs((11, 1000), jnp.float16, 1.0, seed=9)
     kw = dict(casting="gemma", offset=1.0, config=config, bwd_config=config)
     mixed = jax_vjp(KERNEL, x, w, dy, **kw)
     jax.clear_caches()
     try:
-        never = lambda self, rows, rmask: jnp.full((rows.shape[0], self.pcols.shape[0]), split_rows.UNPOSTED)  # noqa
-        monkeypatch.setattr(split_rows._Exchange, "_poll", never)
+        monkeypatch.setattr(split_rows._Exchange, "_count", lambda self, row: jnp.int32(split_rows.UNPOSTED))
         alone = jax_vjp(KERNEL, x, w, dy, **kw)
         for a, b in zip(mixed, alone):
             np.testing.assert_array_equal(bits(a), bits(b))
-        monkeypatch.setattr(split_rows._Exchange, "wait", lambda self, rows, rmask, alone, own: (
-            own(rows, rmask, self.part), alone))
+        monkeypatch.setattr(split_rows._Exchange, "wait", lambda self, row, ok, alone, own: (
+            own(row, ok, self.part), alone))
         jax.clear_caches()
         assert judge(x, w, dy, jax_vjp(KERNEL, x, w, dy, **kw), casting="gemma", offset=1.0)
     finally:
@@ -106,7 +107,7 @@ def test_posted_and_recomputed_totals_have_the_same_bits(monkeypatch):
 
 def test_launch_route_fills_the_slots_per_call():
     """The torch launch route's reader on the split kernels lowered for an (abstract) H100: the slots are a splat
-    constant broadcast to ``(m, slots)``, aliased to the kernel's last output; the launcher fills a fresh buffer per
+    constant broadcast to ``(m, slots + 1)`` (the last column: the row's counter), aliased to the kernel's last output; the launcher fills a fresh buffer per
     call and hands it to the kernel as operand and result. A kernel writing into a caller's input is refused."""
     torch = pytest.importorskip("torch")
     from torch_bridge import launch_route
@@ -119,7 +120,7 @@ def test_launch_route_fills_the_slots_per_call():
     (slots, shape, dtype, value), = program.fills
     split, reduce = program.calls
     assert (split.name, reduce.name) == ("pallas_norm_bwd_split", "pallas_norm_dweight_reduce")
-    assert (shape, dtype, value) == ((64, 16), torch.int32, float(split_rows.UNPOSTED))
+    assert (shape, dtype, value) == ((64, 17), torch.int32, float(split_rows.UNPOSTED))
     assert split.operands[-1] == slots and split.aliases == ((2, len(split.operands) - 1),)
 
     class Kernel:  # records each launch's buffers
@@ -143,10 +144,10 @@ def test_launch_route_fills_the_slots_per_call():
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("m,n,dtype,casting,config", [
-    (1024, 262144, jnp.bfloat16, "llama", Config(1, 8192, 16, exchange=True, prefetch=True)),
-    (512, 262144, jnp.bfloat16, "gemma", Config(1, 16384, 16, exchange=True, prefetch=True)),
+    (1024, 262144, jnp.bfloat16, "llama", Config(1, 4096, 16, exchange=True, prefetch=True)),
+    (512, 262144, jnp.bfloat16, "gemma", Config(1, 8192, 16, exchange=True, prefetch=True)),
     (256, 131072, jnp.float16, "llama", Config(1, 2048, 4, exchange=True, prefetch=True, programs=264)),
-    (300, 100000, jnp.bfloat16, "none", Config(1, 8192, 16, exchange=True, prefetch=True)),
+    (300, 100000, jnp.bfloat16, "none", Config(1, 4096, 16, exchange=True, prefetch=True, programs=264)),
     (512, 65536, jnp.float32, "llama", Config(1, 4096, 8, exchange=True, prefetch=True, reload_weight=True))])
 def test_gpu_long_rows(m, n, dtype, casting, config):
     offset = 1.0 if casting == "gemma" else 0.0
@@ -160,7 +161,7 @@ def test_gpu_bits_repeat_whoever_waits(monkeypatch):
     """Five runs give the same bits; so do runs where no program polls (``SPIN_LIMIT`` 0: a program that finds a
     slot unposted at its first look recomputes the missing partials): the total does not depend on who waited.
     The torch launch route gives JAX's bits."""
-    config = Config(1, 8192, 16, exchange=True, prefetch=True)
+    config = Config(1, 4096, 16, exchange=True, prefetch=True)
     x, w, dy = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=1)
     first = [bits(a) for a in jax_vjp("pallas", x, w, dy, config=config, bwd_config=config)]
     for _ in range(4):
