@@ -7,7 +7,6 @@
     python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
     python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
-    python -m bench exchange [--dtype D] [--casting C] [--shapes MxN,...] [--out DIR]   # split long rows
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -16,8 +15,7 @@ PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torc
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
 against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XLA's launch (the most shared
-memory, the least L1) costs the same binary. exchange: long rows split over programs that exchange their row
-sums, against what impl=None runs. summary: the README's speed table from the committed
+memory, the least L1) costs the same binary. summary: the README's speed table from the committed
 results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
@@ -31,7 +29,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "exchange", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -108,11 +106,6 @@ def parser() -> argparse.ArgumentParser:
     fu.add_argument("--quick", action="store_true", help="one shape per table")
     fu.add_argument("--out", default="bench/results")
     sub.add_parser("carveout").add_argument("--out", default="bench/results")
-    ex = sub.add_parser("exchange")
-    ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ex.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
-    ex.add_argument("--shapes", type=_shapes, default=None, help="comma-separated MxN (default: the long rows)")
-    ex.add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -180,12 +173,6 @@ def main(argv: list[str] | None = None) -> int:
 
         result = carveout.run()
         return _write(carveout, result, out / f"carveout_{timing.gpu_slug(result['env']['gpu'])}")
-    if args.command == "exchange":
-        from bench import exchange
-
-        result = exchange.run(args.shapes or exchange.SHAPES, args.dtype, args.casting)
-        stem = f"exchange_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}"
-        return _write(exchange, result, out / stem)
     if args.command == "sweep":
         from bench import sweep
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import auto, backend, kernels, mosaic, pallas_config, registry, sharding, split_rows, xla
+from . import auto, backend, kernels, mosaic, pallas_config, registry, sharding, xla
 from .checks import check_inputs
 from .mosaic_config import MosaicConfig
 from .pallas_config import Config
@@ -151,10 +151,9 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    config = pallas_config.fit(config, m, n, backward=False)
-    launch = split_rows.forward if config.exchange else kernels.forward
-    return launch(x2, weight, eps=eps, offset=offset, casting=casting, config=config, interpret=impl == "interpret",
-                  **fused)
+    return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting,
+                           config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret",
+                           **fused)
 
 
 def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out=None):
@@ -168,10 +167,8 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out
     if _is_mosaic(impl):
         return mosaic.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
                                interpret=impl == "mosaic_interpret")
-    config = pallas_config.fit(config, m, n, backward=True)
-    launch = split_rows.backward if config.exchange else kernels.backward
-    return launch(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
-                  interpret=impl == "interpret")
+    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out,
+                            config=pallas_config.fit(config, m, n, backward=True), interpret=impl == "interpret")
 
 
 def _broadcast(args, in_batched, axis_size):

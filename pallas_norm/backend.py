@@ -28,21 +28,9 @@ def _pl_triton():
     return triton
 
 
-def load(ref, mask: jnp.ndarray, *, other: float = 0.0, volatile: bool = False) -> jnp.ndarray:
-    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``. ``volatile``:
-    read memory (L2) every time, not a cached copy (for polling what other programs write)."""
-    return _pl_triton().load(ref, mask=mask, other=other, volatile=volatile)
-
-
-def atomic_xchg(ref, idx, value: jnp.ndarray) -> None:
-    """``ref[idx] = value`` as an atomic exchange (acquire-release, GPU scope)."""
-    _pl_triton().atomic_xchg(ref, idx, value)
-
-
-def atomic_add(ref, idx, value: jnp.ndarray) -> jnp.ndarray:
-    """``ref[idx] += value`` as an atomic (acquire-release, GPU scope); returns the value before. On a scalar, one
-    thread of the program performs it and every thread gets its result."""
-    return _pl_triton().atomic_add(ref, idx, value)
+def load(ref, mask: jnp.ndarray, *, other: float = 0.0) -> jnp.ndarray:
+    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``."""
+    return _pl_triton().load(ref, mask=mask, other=other)
 
 
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:

@@ -76,10 +76,7 @@ class Config:
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
     the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
-    registers for long resident rows); ``exchange``: a long row's ``chunks(n)`` column chunks are held at once by
-    as many programs (one row each at a time: ``block_rows`` 1), which exchange their partial row sums through
-    global memory (``split_rows.py``: x and dy read once per pass); ``programs`` is then a multiple of
-    ``chunks(n)``.
+    registers for long resident rows).
     """
 
     block_rows: int
@@ -89,7 +86,6 @@ class Config:
     programs: int | None = None
     prefetch: bool = False
     reload_weight: bool = False
-    exchange: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -99,12 +95,9 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        for flag in ("prefetch", "reload_weight", "exchange"):
+        for flag in ("prefetch", "reload_weight"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
-        if self.exchange and self.block_rows != 1:
-            raise ValueError(f"exchange takes block_rows=1 (a program holds one row's share at a time), got "
-                             f"block_rows={self.block_rows}")
 
     def chunks(self, n: int) -> int:
         """Column chunks per row of length ``n`` (1: the row is resident)."""
@@ -149,11 +142,6 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
         return heuristic(m, n, backward=backward)
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
-    if config.exchange and chunks == 1:  # nothing to exchange: the row is resident
-        config = dataclasses.replace(config, exchange=False)
-    if config.exchange:  # groups of ``chunks`` programs, at most one group per row block
-        groups = max(1, (config.programs or backend.num_sms()) // chunks)
-        return dataclasses.replace(config, programs=chunks * min(groups, cdiv(max(m, 1), config.block_rows)))
     if not backward and chunks == 1:
         return dataclasses.replace(config, programs=None)
     programs = config.programs
