@@ -34,6 +34,12 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
     long rows."""
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
+    if base.lag:  # column bands (x and dy read once): band × rows × warps × lag × prefetch, and the chunked path
+        grid = [dict(block_cols=c, block_rows=r, num_warps=w, lag=k, prefetch=p) for c, r, w, k, p in
+                itertools.product((1024, 2048), (4, 8), (4, 8), (1, 2) if quick else (1, 2, 4), (False, True))]
+        configs = [dataclasses.replace(base, **g) for g in grid]
+        configs = [c for c in configs if c.block_rows * c.block_cols <= 16384 and -(-n // c.block_cols) <= 2 * sms]
+        return [None] + configs + [pallas_config.Config(1, c, 16) for c in (4096, 8192)]
     if base.resident(n):
         rows = (1, 2) if quick else (1, 2, 4, 8, 16) if base.block_cols <= 2048 else (1, 2, 4)
         warps = (8, 16) if quick else (4, 8, 16, 32)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import auto, backend, kernels, mosaic, pallas_config, registry, sharding, xla
+from . import auto, backend, bands, kernels, mosaic, pallas_config, registry, sharding, xla
 from .checks import check_inputs
 from .mosaic_config import MosaicConfig
 from .pallas_config import Config
@@ -167,8 +167,10 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out
     if _is_mosaic(impl):
         return mosaic.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
                                interpret=impl == "mosaic_interpret")
-    return kernels.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out,
-                            config=pallas_config.fit(config, m, n, backward=True), interpret=impl == "interpret")
+    config = pallas_config.fit(config, m, n, backward=True)
+    launch = bands.backward if config.lag else kernels.backward
+    return launch(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
+                  interpret=impl == "interpret")
 
 
 def _broadcast(args, in_batched, axis_size):

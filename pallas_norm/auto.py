@@ -30,7 +30,8 @@ GPU for 16384 < N ≤ 262144 and the backward for 1024 ≤ N ≤ 131072 (but 819
 (``mosaic_config.holds``). Suite, kernels timed (``bench_h100_bfloat16_llama.md``): its backward at N = 8192 now
 beats the Triton lowering's (32768×8192 2.85 against 2.81, 4096×8192 2.49 against 2.24), so 8192 is no longer an
 exception. At 262144 the Mosaic backward runs (its ``dweight`` partial half in shared memory) but at 1.08 TB/s
-against the Triton lowering's 1.77: the Triton lowering keeps that length.
+against the Triton lowering's 1.77: the Triton lowering keeps that length. Since the ninth session the Triton
+lowering's backward there runs on column bands (``pallas_config.BANDS``, ``bands.py``: 2.16 TB/s, kernels timed).
 """
 
 from __future__ import annotations

@@ -28,9 +28,12 @@ def _pl_triton():
     return triton
 
 
-def load(ref, mask: jnp.ndarray, *, other: float = 0.0) -> jnp.ndarray:
-    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``."""
-    return _pl_triton().load(ref, mask=mask, other=other)
+def load(ref, mask: jnp.ndarray, *, other: float = 0.0, eviction: str | None = None,
+         volatile: bool = False) -> jnp.ndarray:
+    """Masked load of ``ref`` (already indexed with ``.at[...]``); masked-off lanes read ``other``. ``eviction``:
+    the L2 policy (``"evict_last"``: keep for a second read soon, ``"evict_first"``: last use); ``volatile``: read
+    memory every time, never a cached copy (for polling what other programs write)."""
+    return _pl_triton().load(ref, mask=mask, other=other, eviction_policy=eviction, volatile=volatile)
 
 
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:

@@ -46,6 +46,16 @@ ONE_PROGRAM_ELEMS = 1 << 16
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
+# Backward, rows of at least BANDS_MIN_COLS columns: column bands of every row, one program per band on a
+# co-resident grid (``bands.py``: x and dy read once, 3 passes): bands of ``cdiv(n, 2·SMs)`` columns (a power of two,
+# at least BANDS_MIN_BAND; at most two programs per SM, which 4 warps always fit: 255 registers each), then
+# (elements per row block, warps, lag, prefetch). Sweep (H100, bf16, 1024×262144, 2026-11-25,
+# bench/results/sweep_h100_bfloat16_llama_bands.md): 1024-column bands of 4 rows, 4 warps, lag 2, prefetch 2.18
+# TB/s against the chunked path's 1.77; lag 1 1.66-1.86; 8 warps or 8 rows at 1024 columns need more registers than
+# two programs per SM allow: the grid is not co-resident and falls to 0.03-1.3.
+BANDS_MIN_COLS = 262144
+BANDS_MIN_BAND = 1024
+BANDS = (4096, 4, 2, True)
 
 
 def next_pow2(v: int) -> int:
@@ -76,7 +86,10 @@ class Config:
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
     the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
-    registers for long resident rows).
+    registers for long resident rows); ``lag`` (the backward of chunked rows; 0: off): one program per column band
+    of ``block_cols`` owns that band of every row and the programs exchange row sums through global memory, a
+    block finished ``lag`` row blocks after its sums were posted (``bands.py``: x and dy read from memory once;
+    ``programs`` is then ``chunks(n)``, which must all be resident at once to run at speed).
     """
 
     block_rows: int
@@ -86,6 +99,7 @@ class Config:
     programs: int | None = None
     prefetch: bool = False
     reload_weight: bool = False
+    lag: int = 0
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -98,6 +112,8 @@ class Config:
         for flag in ("prefetch", "reload_weight"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
+            raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
 
     def chunks(self, n: int) -> int:
         """Column chunks per row of length ``n`` (1: the row is resident)."""
@@ -110,6 +126,10 @@ class Config:
 def heuristic(m: int, n: int, *, backward: bool) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
+    if backward and n >= BANDS_MIN_COLS:
+        elems, warps, lag, prefetch = BANDS
+        cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, 2 * backend.num_sms())))
+        return fit(Config(max(1, elems // cols), cols, warps, prefetch=prefetch, lag=lag), m, n, backward=True)
     if n_pad > MAX_RESIDENT_COLS:
         cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
         programs = _grid(per_sm, cdiv(n, cols), backward)
@@ -142,6 +162,10 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
         return heuristic(m, n, backward=backward)
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
+    if config.lag and (not backward or chunks == 1):  # no bands: a forward, or a resident row
+        config = dataclasses.replace(config, lag=0)
+    if config.lag:
+        return dataclasses.replace(config, programs=chunks)
     if not backward and chunks == 1:
         return dataclasses.replace(config, programs=None)
     programs = config.programs

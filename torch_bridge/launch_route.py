@@ -11,8 +11,12 @@ torch and launches those binaries through the CUDA driver (``cuda_driver``) on t
 order is torch's own, nothing is copied or synchronised, the host cost is a few µs per kernel, and a CUDA graph
 capture records the launches.
 
-A module holding anything else, a kernel cache this reader does not understand, or a missing driver binding
-raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (same bits, more host time).
+Besides kernel calls a module may hold splat constants (and their broadcasts) that a kernel takes as a buffer it
+writes in place (an output aliased to that operand: the row-sum slots of ``pallas_norm.bands``, filled afresh
+per call): each call fills such a buffer with ``torch.full`` on torch's current stream and hands it to the kernel as
+both operand and result. A module holding anything else, a kernel cache this reader does not understand, or a
+missing driver binding raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (same bits,
+more host time).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 
 import jax
@@ -32,7 +37,8 @@ from torch_bridge.jax_device import JAX_DTYPES
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 MOSAIC_TARGET = "mosaic_gpu_v2"
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device -> the cudaStream_t torch uses
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
+_SPLAT = re.compile(r"^dense<(-?[0-9][0-9.e+-]*|true|false)> : tensor<")
 
 
 class UnsupportedProgram(RuntimeError):
@@ -55,6 +61,7 @@ class KernelCall:
     result_shapes: tuple[tuple[int, ...], ...]
     result_dtypes: tuple[torch.dtype, ...]
     module: bytes = b""
+    aliases: tuple[tuple[int, int], ...] = ()  # (result position, operand position): the result is that buffer
 
     @property
     def mosaic(self) -> bool:
@@ -63,12 +70,14 @@ class KernelCall:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """A straight-line chain of kernel calls over numbered values (inputs first, then each call's results)."""
+    """A straight-line chain of kernel calls over numbered values (inputs first, then, in the module's order, each
+    filled constant and each call's results); ``fills``: value -> (shape, dtype, fill value), made per call."""
 
     calls: tuple[KernelCall, ...]
     outputs: tuple[int, ...]
     input_shapes: tuple[tuple[int, ...], ...]
     input_dtypes: tuple[torch.dtype, ...]
+    fills: tuple[tuple[int, tuple[int, ...], torch.dtype, float], ...] = ()
 
     @property
     def num_inputs(self) -> int:
@@ -91,18 +100,20 @@ def parse_program(module) -> Program:
                 if ir.StringAttr(op.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]
     ids = {arg: i for i, arg in enumerate(block.arguments)}
-    calls, outputs = [], ()
+    calls, outputs, fills = [], (), {}
     for op in block.operations:
         name = op.operation.name
         if name == "func.return":
             outputs = tuple(ids[v] for v in op.operands)
             continue
+        if name in ("stablehlo.constant", "stablehlo.broadcast_in_dim", "sdy.sharding_constraint") and _fill(
+                ir, op, fills, ids):
+            continue
         target = ir.StringAttr(op.attributes["call_target_name"]).value if name == "stablehlo.custom_call" else ""
         if target not in (TRITON_TARGET, MOSAIC_TARGET):
             raise UnsupportedProgram(f"lowered module holds {name} {target}, not only {TRITON_TARGET} and "
                                      f"{MOSAIC_TARGET} calls")
-        if "output_operand_aliases" in op.attributes and len(op.attributes["output_operand_aliases"]):
-            raise UnsupportedProgram("kernel with input/output aliasing")
+        aliases = _aliases(op, [ids[v] for v in op.operands], fills)
         cfg = op.attributes["mhlo.backend_config"]
         results = []
         for r in op.results:
@@ -115,7 +126,7 @@ def parse_program(module) -> Program:
                 operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
                 result_shapes=tuple(tuple(t.shape) for t in types),
                 result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
-                module=ir.StringAttr(cfg["module"]).value_bytes))
+                module=ir.StringAttr(cfg["module"]).value_bytes, aliases=aliases))
             continue
         calls.append(KernelCall(
             name=ir.StringAttr(cfg["name"]).value,
@@ -126,11 +137,52 @@ def parse_program(module) -> Program:
             operands=tuple(ids[v] for v in op.operands),
             results=tuple(ids[r] for r in results),
             result_shapes=tuple(tuple(t.shape) for t in types),
-            result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
+            result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases,
         ))
     arg_types = [ir.RankedTensorType(a.type) for a in block.arguments]
+    used = {v for c in calls for v in c.operands} | set(outputs)
     return Program(tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
-                   tuple(_TORCH_DTYPES[str(t.element_type)] for t in arg_types))
+                   tuple(_TORCH_DTYPES[str(t.element_type)] for t in arg_types),
+                   tuple((v, *fill) for v, fill in fills.items() if v in used))
+
+
+def _fill(ir, op, fills: dict, ids: dict) -> bool:
+    """Number a splat constant (or a broadcast of one, or one constrained to a sharding: a no-op for one device) as a
+    filled value ``fills[id] = (shape, dtype, value)``; False for anything else."""
+    out = ir.RankedTensorType(op.results[0].type)
+    dtype = _TORCH_DTYPES.get(str(out.element_type))
+    if op.operation.name == "stablehlo.constant":
+        found = _SPLAT.match(str(op.attributes["value"]))
+        if found is None or dtype is None:
+            return False
+        text = found.group(1)
+        value = 1.0 if text == "true" else 0.0 if text == "false" else float(text)
+    else:
+        source = ids.get(op.operands[0])
+        if source not in fills or dtype is None:
+            return False
+        value = fills[source][2]
+    ids[op.results[0]] = len(ids)
+    fills[ids[op.results[0]]] = (tuple(out.shape), dtype, value)
+    return True
+
+
+def _aliases(op, operands: list[int], fills: dict) -> tuple[tuple[int, int], ...]:
+    """A kernel call's ``output_operand_aliases`` as (result, operand) positions; only a filled constant may be
+    written in place (a caller's tensor never is)."""
+    if "output_operand_aliases" not in op.attributes:
+        return ()
+    pairs = []
+    for alias in op.attributes["output_operand_aliases"]:
+        found = re.search(r"output_tuple_indices = \[(\d+)\], operand_index = (\d+), operand_tuple_indices = \[\]",
+                          str(alias))
+        if found is None:
+            raise UnsupportedProgram(f"kernel with an aliasing this reader does not know: {alias}")
+        result, operand = int(found.group(1)), int(found.group(2))
+        if operands[operand] not in fills:
+            raise UnsupportedProgram("kernel writing into an input (input/output aliasing of a non-constant)")
+        pairs.append((result, operand))
+    return tuple(pairs)
 
 
 def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
@@ -255,20 +307,24 @@ class Launcher:
                  like: dict[int, int] | None = None):
         self.program, self.device_index, self.kernels = program, device_index, kernels
         out_pos = {v: i for i, v in enumerate(program.outputs)}
-        self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results,
-                            tuple(_allocator(program, shape, dtype, out_pos.get(v), like or {})
-                                  for v, shape, dtype in zip(c.results, c.result_shapes, c.result_dtypes)))
-                           for c, kernel in zip(program.calls, self.kernels))
+        self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results, tuple(
+            (v, c.operands[dict(c.aliases)[i]] if i in dict(c.aliases) else
+             _allocator(program, shape, dtype, out_pos.get(v), like or {}))
+            for i, (v, shape, dtype) in enumerate(zip(c.results, c.result_shapes, c.result_dtypes))))
+            for c, kernel in zip(program.calls, self.kernels))
+        self._fills = program.fills
         self._outputs = program.outputs
 
     def __call__(self, *inputs: torch.Tensor, out: tuple | None = None, stream: int | None = None
                  ) -> tuple[torch.Tensor, ...]:
         if stream is None:
             stream = _current_stream(self.device_index)
-        values = [*inputs]
+        values = dict(enumerate(inputs))
+        for v, shape, dtype, fill in self._fills:  # on torch's current stream (``stream=`` is for tests)
+            values[v] = torch.full(shape, fill, dtype=dtype, device=inputs[0].device)
         for go, buffers, allocs in self._plan:
-            for alloc in allocs:
-                values.append(alloc(inputs, out))
+            for v, alloc in allocs:
+                values[v] = values[alloc] if isinstance(alloc, int) else alloc(inputs, out)
             go(stream, [values[i].data_ptr() for i in buffers])
         return tuple([values[i] for i in self._outputs])
 

@@ -1,0 +1,153 @@
+"""The long-row backward on column bands (``Config.lag``, ``pallas_norm/bands.py``): row sums exchanged through
+global memory, x and dy read once. On CPU the interpreter runs the programs one after another, so every program but
+the last recomputes its peers' partial sums (the fallback) and the last reads them as posted: both paths run."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import pallas_norm as pn
+from pallas_norm import bands, kernels, pallas_config
+from pallas_norm.pallas_config import Config
+
+from helpers import KERNEL, ON_GPU, bits, check_jax, jax_inputs, jax_vjp
+
+# (shape, config): ragged rows and blocks, 8 / 16 bands, lags 1-3, with and without prefetch
+CASES = [((37, 4000), Config(4, 512, 4, lag=2)), ((5, 2048), Config(2, 128, 4, lag=3, prefetch=True)),
+         ((64, 1536), Config(8, 256, 2, lag=1, prefetch=True))]
+
+
+@pytest.mark.parametrize("dtype,casting,offset", [(jnp.bfloat16, "llama", 0.0), (jnp.float16, "gemma", 1.0),
+                                                  (jnp.float32, "none", 0.0)])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_bands_backward_matches_float64_rule(case, dtype, casting, offset):
+    shape, config = CASES[case]
+    x, w, dy = jax_inputs(shape, dtype, offset, seed=case, scale=2.0)
+    check_jax(x, w, dy, "interpret", eps=1e-6, offset=offset, casting=casting, bwd_config=config)
+
+
+def test_too_few_slots_is_caught(monkeypatch):
+    """The rule above catches a broken exchange: slots for half the bands (the other half's partial sums are
+    written past a row's slots, into the next row's, and every total is wrong)."""
+    monkeypatch.setattr(bands, "slot_cols", lambda config, n: config.chunks(n) // 2)
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=7, scale=2.0)
+    with pytest.raises(AssertionError, match="dx"):
+        check_jax(x, w, dy, "interpret", eps=1e-6, bwd_config=Config(4, 512, 2, lag=2))  # a config traced only here
+
+
+def _backward(x, w, dy, config, impl="interpret", **kw):
+    """``bands.backward`` on the forward's rstd: ``(dx, dweight)``."""
+    _, rstd = kernels.forward(x, w, eps=1e-6, offset=0.0, casting="llama", interpret=impl == "interpret",
+                              config=pallas_config.fit(None, *x.shape, backward=False))
+    return bands.backward(x, w, dy, rstd, offset=0.0, casting="llama", interpret=impl == "interpret",
+                          config=pallas_config.fit(config, *x.shape, backward=True), **kw)
+
+
+def test_posted_and_recomputed_sums_have_the_same_bits():
+    """Band 0's program (first in the interpreter) recomputes every peer's partial sum; the last band's reads them
+    as posted. With the last band a copy of band 0 (x, dy, weight), their dx must be the same bits."""
+    config = Config(4, 512, 4, lag=2)
+    x, w, dy = jax_inputs((37, 4096), jnp.bfloat16, 0.0, seed=3, scale=2.0)
+    x, dy = (a.at[:, -512:].set(a[:, :512]) for a in (x, dy))
+    w = w.at[-512:].set(w[:512])
+    dx, _ = _backward(x, w, dy, config)
+    np.testing.assert_array_equal(bits(dx[:, :512]), bits(dx[:, -512:]))
+
+
+def test_dweight_alone_and_dx_alone_match_the_full_backward():
+    """Without dx nothing is exchanged (no slots); without dweight none is stored: the same bits either way."""
+    config = Config(4, 512, 4, lag=2)
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 1.0, seed=5, scale=2.0)
+    dx, dw = _backward(x, w, dy, config)
+    only_dw = _backward(x, w, dy, config, need_dx=False)
+    only_dx = _backward(x, w, dy, config, need_dw=False)
+    assert only_dw[0] is None and only_dx[1] is None
+    np.testing.assert_array_equal(bits(only_dw[1]), bits(dw))
+    np.testing.assert_array_equal(bits(only_dx[0]), bits(dx))
+
+
+def test_heuristic_takes_bands_for_the_longest_rows_only():
+    for n in (pallas_config.BANDS_MIN_COLS, 300000):
+        config = pallas_config.heuristic(1024, n, backward=True)
+        assert config.lag and config.programs == config.chunks(n) <= 2 * (jax.devices()[0].core_count if ON_GPU else 8)
+    assert not pallas_config.heuristic(1024, 131072, backward=True).lag
+    assert not pallas_config.heuristic(1024, 262144, backward=False).lag
+    with pytest.raises(ValueError, match="lag"):
+        Config(1, 1024, 4, lag=-1)
+
+
+# ---------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("shape,dtype", [((256, 262144), jnp.bfloat16), ((64, 262144), jnp.float32),
+                                         ((300, 300000), jnp.float16)])
+def test_gpu_bands_backward_matches_float64_rule(shape, dtype):
+    """The heuristic's band config (``impl="pallas"`` and ``impl=None`` both run it from 262144 columns)."""
+    assert pallas_config.heuristic(*shape, backward=True).lag
+    x, w, dy = jax_inputs(shape, dtype, 0.0, seed=1)
+    check_jax(x, w, dy, KERNEL, eps=1e-6)
+
+
+@gpu
+def test_gpu_bands_bits_repeat_and_do_not_depend_on_who_waited(monkeypatch):
+    """Five launches, then one where no program waits at all (``SPIN_LIMIT = 0``: whoever finds a block's slots
+    incomplete recomputes them): the same bits every time."""
+    x, w, dy = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=2)
+    config = pallas_config.heuristic(512, 262144, backward=True)
+    runs = [jax.jit(functools.partial(_backward, config=config, impl="pallas"))(x, w, dy) for _ in range(5)]
+    monkeypatch.setattr(bands, "SPIN_LIMIT", 0)
+    runs.append(jax.jit(functools.partial(_backward, config=config, impl="pallas"))(x, w, dy))
+    for dx, dw in runs[1:]:
+        np.testing.assert_array_equal(bits(dx), bits(runs[0][0]))
+        np.testing.assert_array_equal(bits(dw), bits(runs[0][1]))
+
+
+@gpu
+def test_gpu_bands_plain_and_fused_dweight_agree_and_torch_launch_route_matches_jax():
+    """The fused add's backward on bands stores ``rms_norm``'s dweight bits; the Pallas binaries launched by torch
+    (the slots filled per call by torch) give JAX's bits."""
+    from torch_bridge import launch_route
+
+    shape = (128, 262144)
+    x0, w, dy = jax_inputs(shape, jnp.bfloat16, 0.0, seed=4)
+    res = jax_inputs(shape, jnp.bfloat16, 0.0, seed=5)[0]
+    (_, x), vjp = jax.vjp(lambda a, r, b: pn.rms_norm_add(a, r, b, impl="auto"), x0, res, w)
+    _, _, dw_fused = vjp((dy, jnp.zeros_like(dy)))
+    _, dx, dw = jax_vjp("auto", x, w, dy)  # the plain norm of h
+    np.testing.assert_array_equal(bits(dw_fused), bits(dw))
+    tx, tw, tdy = (torch.from_numpy(np.asarray(a.astype(jnp.float32))).to("cuda", torch.bfloat16) for a in (x, w, dy))
+    rstd = launch_route.forward_launcher(*shape, tx.dtype, tw.dtype, 1e-6, 0.0, "llama", 0)(tx, tw)[1]
+    t_dx, t_dw = launch_route.backward_launcher(*shape, tx.dtype, tw.dtype, 0.0, "llama", 0)(tx, tw, tdy, rstd)
+    np.testing.assert_array_equal(bits(t_dx), bits(dx))
+    np.testing.assert_array_equal(bits(t_dw), bits(dw))
+
+
+def test_torch_launch_route_fills_the_slots_per_call():
+    """The module lowered for an (abstract) H100 holds the slots as a splat constant aliased to the kernel's last
+    result: the launch route reads it as a buffer filled per call (``UNPOSTED``) and written in place; a kernel
+    writing into one of the caller's inputs is refused (the DLPack route runs it instead)."""
+    from torch_bridge import launch_route
+
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    config = Config(4, 1024, 4, lag=2, prefetch=True)
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        lowered = launch_route._lower_backward(64, 262144, torch.bfloat16, torch.bfloat16, 0.0, "llama", config)
+    program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
+    (call,) = program.calls
+    assert call.name == "pallas_norm_bwd_bands" and call.grid == (256, 1, 1)
+    ((value, shape, dtype, fill),) = program.fills
+    assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
+    assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]
+    module = lowered.compiler_ir("stablehlo")
+    main = next(op for op in module.body.operations if op.attributes["sym_name"].value == "main")
+    op = next(op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call")
+    with pytest.raises(launch_route.UnsupportedProgram, match="writing into an input"):
+        launch_route._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value
