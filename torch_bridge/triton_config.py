@@ -17,6 +17,15 @@ BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
+# The backward of rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``): bands of
+# ``cdiv(N, 2·SMs)`` columns (a power of two, at least BANDS_MIN_BAND: at most two 4-warp programs per SM, which
+# registers always allow), ``BANDS_ELEMS`` elements per row block, 4 warps, lag 2 (pallas_config.BANDS's design;
+# H100, bf16, 1024×262144, bench/results/triton_bands_h100.md: 2.13 TB/s against the chunked path's 1.76; lag 1
+# 1.55, lag 3 2.11, 8 rows 1.81-2.07; 8 warps not co-resident).
+BANDS_MIN_N = 262144
+BANDS_MIN_BAND = 1024
+BANDS_ELEMS = 4096
+BANDS_LAG = 2
 
 
 def next_pow2(v: int) -> int:
@@ -34,7 +43,8 @@ class Config:
     and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``.
     A backward of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight
     itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
-    is a few µs either way, the host's ~2× that of a launch)."""
+    is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (a chunked backward): column bands of
+    ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted."""
 
     block_m: int
     block_n: int
@@ -43,6 +53,7 @@ class Config:
     rowdot_block_n: int = CHUNK_N
     rowdot_warps: int = _warps(CHUNK_N, 512)
     one_program_elems: int = ONE_PROGRAM_ELEMS
+    lag: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -53,6 +64,8 @@ class Config:
             raise ValueError(f"programs_per_sm must be an int >= 1, got {self.programs_per_sm!r}")
         if not isinstance(self.one_program_elems, int) or self.one_program_elems < 0:
             raise ValueError(f"one_program_elems must be an int >= 0, got {self.one_program_elems!r}")
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
+            raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -70,11 +83,20 @@ def forward_config(n: int) -> Config:
 
 
 @functools.cache
-def backward_config(n: int) -> Config:
+def backward_config(n: int, sms: int = 132) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
-    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``."""
+    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
+    of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    if n >= BANDS_MIN_N:
+        band = max(BANDS_MIN_BAND, next_pow2(-(-n // (2 * sms))))
+        return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         return Config(block_m, block_n, _warps(block_m * block_n, 512))
+    return chunked_backward_config()
+
+
+def chunked_backward_config() -> Config:
+    """The long-row backward in column chunks of ``BWD_CHUNK_N`` after a row-dot pass (5 passes over memory)."""
     return Config(1, BWD_CHUNK_N, _warps(BWD_CHUNK_N, 512))

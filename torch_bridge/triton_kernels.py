@@ -1,12 +1,9 @@
 """Triton RMSNorm kernels (forward + backward) implementing ``docs/semantics.md``.
 
-Row math lives in ``@triton.jit`` helpers used by both directions:
+Row math lives in ``@triton.jit`` helpers (``triton_rowmath``) used by both directions and by the band backward
+(``triton_bands``, which the backward hands rows of 262144+ columns):
 
-    rstd = rsqrt(mean(x32 * x32) + eps)
-    n    = normalised value, rounded per casting (llama: r(x32*rstd); gemma: x32*rstd; none: r(x32*r(rstd)))
     y    = r(n * w_eff)
-    g    = dy * w_eff (rounded to dt for llama/none)
-    dx   = r(rstd * (g - x32 * rstd^2 * mean(g * x32)))
     dweight = sum over rows of dy * n, float32 per-program partials summed in a fixed order.
 
 Inputs are contiguous with any leading shape (rows are the last axis; kernels address memory by pointer) and
@@ -18,116 +15,18 @@ float32->bfloat16 cast truncates, so there bfloat16 rounding is done with intege
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
-from torch_bridge import custom_ops, triton_config, triton_launch
+from torch_bridge import custom_ops, triton_bands, triton_config, triton_launch
 from torch_bridge.triton_config import Config
-
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-CASTING_CODES: dict[str, int] = {"llama": 0, "gemma": 1, "none": 2}
-
-
-def _fix_interpreter_loop_bounds() -> None:
-    """Triton 3.6's interpreter turns loop bounds into ints with ``int(ndarray)``, which NumPy >= 2.5 refuses
-    for 1-element arrays (so ``range(0, N)`` over a kernel argument fails); convert through ``reshape(-1)[0]``."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_pallas_norm_fixed", False):
-        return
-
-    def patched(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._pallas_norm_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
-if INTERPRET:
-    _fix_interpreter_loop_bounds()
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
+                                         _to_dt, _w_eff)
 
 REDUCE_BLOCK_G, REDUCE_BLOCK_N = 64, 64  # the dweight reduction's tile: partial rows × columns per program
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
-              torch.float64: tl.float64}
-
-
-# ----------------------------------------------------------------------------------------------
-# Row math (shared by forward and backward)
-# ----------------------------------------------------------------------------------------------
-@triton.jit
-def _to_dt(v, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """r(v) stored as dtype DT, round-to-nearest-even."""
-    if EMULATE_BF16 and DT == tl.bfloat16:
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        v = bits.to(tl.float32, bitcast=True)
-    return v.to(DT)
-
-
-@triton.jit
-def _r(v, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """r(v) widened back to the compute dtype CT; the identity when DT is float32/float64."""
-    if DT == tl.float32 or DT == tl.float64:
-        return v
-    else:
-        return _to_dt(v, DT, EMULATE_BF16).to(CT)
-
-
-@triton.jit
-def _rstd(sumsq, n_f, eps, CT: tl.constexpr):
-    """rsqrt(sumsq / N + eps) with correctly rounded division and square root (n_f = float(N))."""
-    if CT == tl.float64:
-        return 1.0 / tl.sqrt(sumsq / n_f + eps)
-    else:
-        return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sumsq, n_f) + eps))
-
-
-@triton.jit
-def _w_eff(w, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """f32(w) + offset; for casting "none" f32(r(f32(r(w)) + offset))."""
-    w = w.to(CT)
-    if CASTING == 2:
-        return _r(_r(w, DT, CT, EMULATE_BF16) + offset, DT, CT, EMULATE_BF16)
-    else:
-        return w + offset
-
-
-@triton.jit
-def _normalize(x, rstd, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """n: llama r(x*rstd); gemma x*rstd; none r(x*r(rstd)). x is [BM, BN], rstd [BM]."""
-    if CASTING == 0:
-        return _r(x * rstd[:, None], DT, CT, EMULATE_BF16)
-    elif CASTING == 1:
-        return x * rstd[:, None]
-    else:
-        return _r(x * _r(rstd, DT, CT, EMULATE_BF16)[:, None], DT, CT, EMULATE_BF16)
-
-
-@triton.jit
-def _grad_n(dy, w_eff, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-            EMULATE_BF16: tl.constexpr):
-    """g = dy * w_eff, rounded to dt for llama/none (dy alone without weight)."""
-    if HAS_WEIGHT:
-        g = dy * w_eff[None, :]
-        if CASTING != 1:
-            g = _r(g, DT, CT, EMULATE_BF16)
-        return g
-    else:
-        return dy
-
-
-@triton.jit
-def _dx(x, g, rstd, c):
-    """rstd * (g - x * rstd^2 * c), c = mean(g * x) per row."""
-    r = rstd[:, None]
-    return r * (g - x * (r * r) * c[:, None])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +232,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.backward_config(N)
+    cfg = config or triton_config.backward_config(N, _sm_count(x))
+    if cfg.lag and cfg.chunked(N) and custom_ops.rstd_dtype(x) == torch.float32:
+        return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
+                                     dh_out=dh_out)
+    if cfg.lag:  # float64 (float64 partial sums do not fit the 32-bit slots): the chunked path
+        cfg = triton_config.chunked_backward_config()
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
     cdt = custom_ops.rstd_dtype(x)

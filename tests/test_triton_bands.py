@@ -1,0 +1,89 @@
+"""The Triton reference's backward on column bands (``triton_config.Config.lag``, ``torch_bridge/triton_bands.py``).
+On CPU Triton's interpreter runs the programs one after another: every program but the last computes its peers'
+partial sums itself (the fallback), the last reads them as posted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_bridge
+from torch_bridge import triton_bands, triton_config, triton_kernels
+
+from helpers import ON_GPU, judge, torch_inputs
+
+CASES = [((37, 4000), triton_config.Config(4, 512, 4, lag=2), torch.bfloat16, "llama", 0.0),
+         ((5, 2048), triton_config.Config(2, 128, 4, lag=3), torch.float16, "gemma", 1.0),
+         ((9, 1500), triton_config.Config(8, 256, 2, lag=1), torch.float32, "none", 0.0)]
+
+
+def _run(shape, config, dtype, casting, offset, seed=1, **kw):
+    x, w, dy = torch_inputs(shape, dtype, offset, seed=seed, scale=2.0)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting)
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config, **kw)
+    return judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=offset, casting=casting)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_bands_backward_matches_float64_rule(case):
+    assert _run(*CASES[case]) == []
+
+
+def test_slots_read_before_they_are_posted_are_caught(monkeypatch):
+    """The rule above catches a broken exchange: slots filled with 0 instead of ``UNPOSTED`` look posted at once,
+    so a program sums zeros for the peers that have not posted yet."""
+    monkeypatch.setattr(triton_bands, "UNPOSTED", 0)
+    failures = _run(*CASES[0], seed=2)
+    assert any("dx" in f for f in failures)
+
+
+def test_float64_and_dweight_only_calls():
+    """float64 stays on the chunked path (its partial sums do not fit 32-bit slots); without dx nothing is
+    exchanged and dweight is the full call's bits."""
+    config = triton_config.Config(4, 512, 4, lag=2)
+    assert _run((9, 3000), config, torch.float64, "llama", 0.0) == []
+    x, w, dy = torch_inputs((37, 4000), torch.bfloat16, 0.0, seed=3)
+    _, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    _, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, config=config)
+    dx_none, dw_only = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", False, True, config=config)
+    assert dx_none is None and torch.equal(dw_only, dw)
+
+
+def test_heuristic_takes_bands_from_262144_columns():
+    assert triton_config.backward_config(262144, 132) == triton_config.Config(4, 1024, 4, lag=2)
+    assert triton_config.backward_config(524288, 132).block_n == 2048
+    assert not triton_config.backward_config(131072, 132).lag
+    with pytest.raises(ValueError, match="lag"):
+        triton_config.Config(1, 1024, 4, lag=-1)
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("shape,dtype,casting,offset", [((300, 300000), torch.float16, "gemma", 1.0),
+                                                        ((64, 262144), torch.float32, "llama", 0.0)], ids=str)
+def test_gpu_bands_match_float64_rule(shape, dtype, casting, offset):
+    assert _run(shape, None, dtype, casting, offset) == []
+
+
+@gpu
+def test_gpu_bands_bits_do_not_depend_on_who_waited_and_fused_dweight_agrees(monkeypatch):
+    """Three launches and one where no program waits (``SPIN_LIMIT = 0``: whoever finds a block incomplete computes
+    the missing partials): the same bits. The fused add's backward stores the plain norm's dweight bits."""
+    assert ON_GPU
+    x, w, dy = torch_inputs((512, 262144), torch.bfloat16, 0.0, seed=4)
+    _, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    runs = [triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True) for _ in range(3)]
+    monkeypatch.setattr(triton_bands, "SPIN_LIMIT", 0)
+    runs.append(triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True))
+    for dx, dw in runs[1:]:
+        assert torch.equal(dx, runs[0][0]) and torch.equal(dw, runs[0][1])
+    r = torch_inputs((512, 262144), torch.bfloat16, 0.0, seed=5)[0]
+    wf = w.detach().clone().requires_grad_()
+    xf, rf = (t.detach().clone().requires_grad_() for t in (x - r, r))
+    y, h = torch_bridge.rms_norm_add(xf, rf, wf, backend="triton")
+    torch.autograd.backward([y], [dy])
+    _, rstd_h = triton_kernels.rms_norm_fwd(h.detach(), w, 1e-6, 0.0, "llama")
+    _, dw_plain = triton_kernels.rms_norm_bwd(dy, h.detach(), w, rstd_h, 0.0, "llama", True, True)
+    assert torch.equal(wf.grad, dw_plain)

@@ -1,0 +1,120 @@
+"""The Triton kernels' row math, written once for the reference kernels (``triton_kernels``) and the band backward
+(``triton_bands``), implementing ``docs/semantics.md``:
+
+    rstd = rsqrt(mean(x32 * x32) + eps)
+    n    = normalised value, rounded per casting (llama: r(x32*rstd); gemma: x32*rstd; none: r(x32*r(rstd)))
+    g    = dy * w_eff (rounded to dt for llama/none)
+    dx   = r(rstd * (g - x32 * rstd^2 * mean(g * x32)))
+
+Compute is float32 (float64 when x is float64, where every r(.) is the identity). On CPU the kernels run under
+Triton's interpreter (``TRITON_INTERPRET=1``); its float32->bfloat16 cast truncates, so there bfloat16 rounding is
+done with integer bit arithmetic (RNE).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+CASTING_CODES: dict[str, int] = {"llama": 0, "gemma": 1, "none": 2}
+
+
+def _fix_interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns loop bounds into ints with ``int(ndarray)``, which NumPy >= 2.5 refuses
+    for 1-element arrays (so ``range(0, N)`` over a kernel argument fails); convert through ``reshape(-1)[0]``."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_pallas_norm_fixed", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._pallas_norm_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _fix_interpreter_loop_bounds()
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
+# ----------------------------------------------------------------------------------------------
+# Row math (shared by forward and backward)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _to_dt(v, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """r(v) stored as dtype DT, round-to-nearest-even."""
+    if EMULATE_BF16 and DT == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(DT)
+
+
+@triton.jit
+def _r(v, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """r(v) widened back to the compute dtype CT; the identity when DT is float32/float64."""
+    if DT == tl.float32 or DT == tl.float64:
+        return v
+    else:
+        return _to_dt(v, DT, EMULATE_BF16).to(CT)
+
+
+@triton.jit
+def _rstd(sumsq, n_f, eps, CT: tl.constexpr):
+    """rsqrt(sumsq / N + eps) with correctly rounded division and square root (n_f = float(N))."""
+    if CT == tl.float64:
+        return 1.0 / tl.sqrt(sumsq / n_f + eps)
+    else:
+        return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sumsq, n_f) + eps))
+
+
+@triton.jit
+def _w_eff(w, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """f32(w) + offset; for casting "none" f32(r(f32(r(w)) + offset))."""
+    w = w.to(CT)
+    if CASTING == 2:
+        return _r(_r(w, DT, CT, EMULATE_BF16) + offset, DT, CT, EMULATE_BF16)
+    else:
+        return w + offset
+
+
+@triton.jit
+def _normalize(x, rstd, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """n: llama r(x*rstd); gemma x*rstd; none r(x*r(rstd)). x is [BM, BN], rstd [BM]."""
+    if CASTING == 0:
+        return _r(x * rstd[:, None], DT, CT, EMULATE_BF16)
+    elif CASTING == 1:
+        return x * rstd[:, None]
+    else:
+        return _r(x * _r(rstd, DT, CT, EMULATE_BF16)[:, None], DT, CT, EMULATE_BF16)
+
+
+@triton.jit
+def _grad_n(dy, w_eff, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+            EMULATE_BF16: tl.constexpr):
+    """g = dy * w_eff, rounded to dt for llama/none (dy alone without weight)."""
+    if HAS_WEIGHT:
+        g = dy * w_eff[None, :]
+        if CASTING != 1:
+            g = _r(g, DT, CT, EMULATE_BF16)
+        return g
+    else:
+        return dy
+
+
+@triton.jit
+def _dx(x, g, rstd, c):
+    """rstd * (g - x * rstd^2 * c), c = mean(g * x) per row."""
+    r = rstd[:, None]
+    return r * (g - x * (r * r) * c[:, None])
