@@ -32,6 +32,12 @@ def test_bands_backward_matches_float64_rule(case, dtype, casting, offset):
     check_jax(x, w, dy, "interpret", eps=1e-6, offset=offset, casting=casting, bwd_config=config)
 
 
+def test_float32_weight_with_bfloat16_rows():
+    """dweight is stored in the weight's dtype by each band's owner."""
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 1.0, weight_dtype=jnp.float32, seed=9, scale=2.0)
+    check_jax(x, w, dy, "interpret", eps=1e-6, offset=1.0, casting="gemma", bwd_config=CASES[0][1])
+
+
 def test_too_few_slots_is_caught(monkeypatch):
     """The rule above catches a broken exchange: slots for half the bands (the other half's partial sums are
     written past a row's slots, into the next row's, and every total is wrong)."""

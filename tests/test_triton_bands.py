@@ -29,6 +29,15 @@ def test_bands_backward_matches_float64_rule(case):
     assert _run(*CASES[case]) == []
 
 
+def test_float32_weight_with_bfloat16_rows():
+    """dweight is stored in the weight's dtype by each band's owner."""
+    x, w, dy = torch_inputs((37, 4000), torch.bfloat16, 1.0, weight_dtype=torch.float32, seed=9, scale=2.0)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 1.0, "gemma")
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=CASES[0][1])
+    assert dw.dtype == torch.float32
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=1.0, casting="gemma") == []
+
+
 def test_slots_read_before_they_are_posted_are_caught(monkeypatch):
     """The rule above catches a broken exchange: slots filled with 0 instead of ``UNPOSTED`` look posted at once,
     so a program sums zeros for the peers that have not posted yet."""
