@@ -228,16 +228,17 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                  dh_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Backward of contiguous ``x``/``dy`` (M >= 1 rows): ``(dx`` or None, ``dweight`` or None).
 
-    dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials. With
-    ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
+    dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials (on
+    column bands, ``cfg.lag``: each band's sum over rows, stored by its program). With ``dh_out`` (the fused add's
+    backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
     cfg = config or triton_config.backward_config(N, _sm_count(x))
-    if cfg.lag and cfg.chunked(N) and custom_ops.rstd_dtype(x) == torch.float32:
-        return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
-                                     dh_out=dh_out)
-    if cfg.lag:  # float64 (float64 partial sums do not fit the 32-bit slots): the chunked path
-        cfg = triton_config.chunked_backward_config()
+    if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
+        if custom_ops.rstd_dtype(x) == torch.float32:
+            return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
+                                         dh_out=dh_out)
+        cfg = triton_config.chunked_backward_config()  # float64: its partial sums do not fit the 32-bit slots
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
     cdt = custom_ops.rstd_dtype(x)
