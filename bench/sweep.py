@@ -114,8 +114,15 @@ def mosaic_resources(report: dict[str, dict[str, int]], mode: str, plan: mosaic_
     return text
 
 
+def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
+    return triton_config.backward_config(n, backend.num_sms()) if backward else triton_config.forward_config(n)
+
+
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
-    base = (triton_config.backward_config if backward else triton_config.forward_config)(n)
+    base = _triton_heuristic(n, backward)
+    if base.lag:  # column bands: rows per block × lag, and the chunked path
+        grid = [dict(block_m=r, lag=k) for r, k in itertools.product((2, 4, 8), (1, 2, 3))]
+        return [None] + [dataclasses.replace(base, **g) for g in grid] + [triton_config.chunked_backward_config()]
     if not base.chunked(n):
         grid = [dict(block_m=max(1, e // base.block_n), num_warps=w) for e, w in itertools.product(
             (2048, 4096, 8192), (2, 4, 8))]
@@ -196,8 +203,10 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
         name = f"heuristic: {cfg!r}"
     elif cfg is None:
         heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
-                     (triton_config.backward_config if backward else triton_config.forward_config)(n))
+                     _triton_heuristic(n, backward))
         name = f"heuristic: {heuristic!r}"
+    elif kernel == "pallas":  # as launched (``fit`` sets the grid: the band count, the persistent grid's size)
+        name = repr(pallas_config.fit(cfg, m, n, backward=backward))
     else:
         name = repr(cfg)
     return dict(kernel=kernel, mode=mode, m=m, n=n, config=name, us=sec * 1e6,
