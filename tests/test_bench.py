@@ -117,12 +117,14 @@ def test_targets_judge_the_jax_default_when_the_run_has_it():
     assert "`impl='pallas'`" in "\n".join(report.targets(fake_run(2.95)))
 
 
-def test_band_sweeps_cover_bands_and_the_chunked_path():
-    """At 262144 columns both stacks' backward sweeps start from the heuristic (bands), vary them, and time the
-    chunked path they replace."""
+def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):
+    """At 262144 columns both stacks' backward sweeps (for an H100's 132 SMs) start from the heuristic (bands), vary
+    them, and time the chunked path they replace."""
     from bench import sweep
+    from pallas_norm import backend
     from torch_bridge import triton_config
 
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
     pallas = sweep.pallas_configs(1024, 262144, True, quick=True)
     assert pallas[0] is None and all(c.lag for c in pallas[1:-2]) and not any(c.lag for c in pallas[-2:])
     assert len({(c.block_cols, c.block_rows, c.num_warps, c.lag, c.prefetch) for c in pallas[1:-2]}) > 8
