@@ -30,7 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath
-from .kernels import F32, _span, _tile, _weight
+from .kernels import F32, _bwd_inputs, _span, _weight
 from .pallas_config import Config, cdiv, next_pow2
 from .rounding import rounder
 
@@ -53,11 +53,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     """Refs: ``x, [weight], dy, [dh_out], rstd, [slots]``, outputs ``[dx], [dweight (n,)], [slots]`` (the slots,
     aliased, only with ``need_dx``: ``dweight`` alone needs no row sums)."""
     refs = list(refs)
-    x_ref = refs.pop(0)
-    w_ref = refs.pop(0) if has_weight else None
-    dy_ref = refs.pop(0)
-    dh_ref = refs.pop(0) if has_dh_out else None
-    rstd_ref = refs.pop(0)
+    x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     if need_dx:
         refs.pop(0)  # the slots' input: the same buffer as the output ref
     dx_ref = refs.pop(0) if need_dx else None

@@ -127,6 +127,15 @@ def _walk(steps: int, prefetch: bool, fetch, use, carry):
     return lax.fori_loop(0, steps, body, (fetch(0), carry))[1]
 
 
+def _bwd_inputs(refs: list, has_weight: bool, has_dh_out: bool) -> tuple:
+    """Pop a backward kernel's leading refs ``x, [weight], dy, [dh_out], rstd`` (None for those absent)."""
+    x_ref = refs.pop(0)
+    w_ref = refs.pop(0) if has_weight else None
+    dy_ref = refs.pop(0)
+    dh_ref = refs.pop(0) if has_dh_out else None
+    return x_ref, w_ref, dy_ref, dh_ref, refs.pop(0)
+
+
 def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw, has_dh_out=False):
     """Persistent backward: program ``pid`` takes row blocks pid, pid + programs, ...; writes their ``dx`` and
     one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers.
@@ -134,11 +143,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     ``has_dh_out`` (the fused add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out,
     rstd, …``)."""
     refs = list(refs)
-    x_ref = refs.pop(0)
-    w_ref = refs.pop(0) if has_weight else None
-    dy_ref = refs.pop(0)
-    dh_ref = refs.pop(0) if has_dh_out else None
-    rstd_ref = refs.pop(0)
+    x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     s_ref = None if config.resident(n) else refs.pop(0)
     dx_ref = refs.pop(0) if need_dx else None
     dwp_ref = refs.pop(0) if need_dw else None

@@ -307,13 +307,17 @@ class Launcher:
                  like: dict[int, int] | None = None):
         self.program, self.device_index, self.kernels = program, device_index, kernels
         out_pos = {v: i for i, v in enumerate(program.outputs)}
-        self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results, tuple(
-            (v, c.operands[dict(c.aliases)[i]] if i in dict(c.aliases) else
-             _allocator(program, shape, dtype, out_pos.get(v), like or {}))
-            for i, (v, shape, dtype) in enumerate(zip(c.results, c.result_shapes, c.result_dtypes))))
-            for c, kernel in zip(program.calls, self.kernels))
+        self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results,
+                            self._allocs(c, out_pos, like or {})) for c, kernel in zip(program.calls, self.kernels))
         self._fills = program.fills
         self._outputs = program.outputs
+
+    def _allocs(self, call: KernelCall, out_pos: dict[int, int], like: dict[int, int]) -> tuple:
+        """``(value, source)`` per result of ``call``: the operand value it aliases (an int), else its allocator."""
+        aliased = dict(call.aliases)
+        return tuple((v, call.operands[aliased[i]] if i in aliased else
+                      _allocator(self.program, shape, dtype, out_pos.get(v), like))
+                     for i, (v, shape, dtype) in enumerate(zip(call.results, call.result_shapes, call.result_dtypes)))
 
     def __call__(self, *inputs: torch.Tensor, out: tuple | None = None, stream: int | None = None
                  ) -> tuple[torch.Tensor, ...]:

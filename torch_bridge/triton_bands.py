@@ -25,6 +25,20 @@ SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting 
 
 
 @triton.jit
+def _sum_gx(x, dy, w_eff, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
+            EMULATE_BF16: tl.constexpr):
+    """Each row's ``Σ g·x`` over a band's float32 tile: the owner's post and the fallback's recompute (one code,
+    the same bits)."""
+    return tl.sum(_grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, tl.float32, EMULATE_BF16) * x, axis=1)
+
+
+@triton.jit
+def _complete(posted, slot_mask):
+    """1 when every live slot is posted (-1 is ``UNPOSTED``, the fill), else 0."""
+    return tl.min(tl.min(tl.where((posted != -1) | ~slot_mask, 1, 0), axis=1), axis=0)
+
+
+@triton.jit
 def _band_partial(X, DY, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                   CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Each row's ``Σ g·x`` over the band ``cols`` (float32), read from memory."""
@@ -35,7 +49,7 @@ def _band_partial(X, DY, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constex
     w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
     if HAS_WEIGHT:
         w_eff = _w_eff(tl.load(W + cols, mask=cols < N, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
-    return tl.sum(_grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, tl.float32, EMULATE_BF16) * x, axis=1)
+    return _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
 
 
 @triton.jit
@@ -80,14 +94,14 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
             dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16), axis=0)
         if NEED_DX:
-            part = tl.sum(_grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16) * x, axis=1)
+            part = _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
             part = tl.where(part == part, part, float("nan"))  # one NaN pattern, never UNPOSTED
             tl.store(SLOT + rows.to(tl.int64) * S + pid, part.to(tl.int32, bitcast=True), mask=row_mask)
-            ready = tl.min(tl.min(tl.where((posted != -1) | ~slot_mask, 1, 0), axis=1), axis=0)
+            ready = _complete(posted, slot_mask)
             spins = 0
             while (alone == 0) & (ready == 0) & (spins < spin_limit):
                 posted = tl.load(slot_ptr, mask=slot_mask, other=0, volatile=True)
-                ready = tl.min(tl.min(tl.where((posted != -1) | ~slot_mask, 1, 0), axis=1), axis=0)
+                ready = _complete(posted, slot_mask)
                 spins += 1
             vals = posted.to(tl.float32, bitcast=True)
             if ready == 0:  # the missing partials, computed here (only their bands' rows are read)
