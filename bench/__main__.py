@@ -2,7 +2,8 @@
 
     python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b]
                             [--no-small | --small-only] [--out DIR]
-    python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...] [--out DIR]
+    python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...]
+                          [--modes both|fwd|bwd] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
@@ -87,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "sweep":
             s.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=None,
                            help="comma-separated: pallas (Triton lowering), mosaic, triton (default: all)")
+            s.add_argument("--modes", default="both", choices=["both", "fwd", "bwd"], help="directions swept")
         if name == "suite":
             small = s.add_mutually_exclusive_group()
             small.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
@@ -182,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m bench sweep: --kernels takes {', '.join(sweep.KERNELS)}, got {sorted(unknown)}",
                   file=sys.stderr)
             return 2
+        modes = ("fwd", "bwd") if args.modes == "both" else (args.modes,)
         result = sweep.run(args.shapes or (sweep.QUICK_SHAPES if args.quick else sweep.SHAPES), args.dtype,
-                           args.casting, args.quick, kernels)
-        tag = "" if args.kernels is None else "_" + "_".join(kernels)
+                           args.casting, args.quick, kernels, modes)
+        tag = ("" if args.kernels is None else "_" + "_".join(kernels)) + ("" if len(modes) == 2 else "_" + modes[0])
         return _write(sweep, result,
                       out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}{tag}")
     from bench import suite

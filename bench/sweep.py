@@ -26,6 +26,7 @@ SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 40
           (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
 KERNELS = ("pallas", "mosaic", "triton")
+MODES = ("fwd", "bwd")
 
 
 def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_config.Config | None]:
@@ -34,12 +35,8 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
     long rows."""
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
-    if base.lag:  # column bands (x and dy read once): band × rows × warps × lag × prefetch, and the chunked path
-        grid = [dict(block_cols=c, block_rows=r, num_warps=w, lag=k, prefetch=p) for c, r, w, k, p in
-                itertools.product((1024, 2048), (4, 8), (4, 8), (1, 2) if quick else (1, 2, 4), (False, True))]
-        configs = [dataclasses.replace(base, **g) for g in grid]
-        configs = [c for c in configs if c.block_rows * c.block_cols <= 16384 and -(-n // c.block_cols) <= 2 * sms]
-        return [None] + configs + [pallas_config.Config(1, c, 16) for c in (4096, 8192)]
+    if base.lag:  # column bands: band × rows × warps × lag × prefetch × row groups, and the chunked path
+        return [None] + band_configs(base, n, backward, quick)
     if base.resident(n):
         rows = (1, 2) if quick else (1, 2, 4, 8, 16) if base.block_cols <= 2048 else (1, 2, 4)
         warps = (8, 16) if quick else (4, 8, 16, 32)
@@ -60,6 +57,32 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
     configs = [dataclasses.replace(base, **g) for g in grid]
     return [None] + [c for c in configs if c.block_rows * c.block_cols >= 32 * c.num_warps
                      and c.block_rows * c.block_cols <= 32768]
+
+
+def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool) -> list[pallas_config.Config]:
+    """Alternatives to a band config: one row group (rows × warps × lag × prefetch), two and four row groups on
+    smaller row blocks (more programs per SM, each holding less: ``programs`` = bands × groups), 2048-column bands
+    in two groups; then the chunked path's configs. Configs whose grid cannot be co-resident run (the fallback)."""
+    def make(cols, rows, warps, lag, prefetch, groups):
+        return dataclasses.replace(base, block_cols=cols, block_rows=rows, num_warps=warps, lag=lag, prefetch=prefetch,
+                                   programs=groups * -(-n // cols))
+
+    flags = (False, True)
+    grid = [(1024, r, 4, 2, p, 1) for r, p in itertools.product((4, 8), flags)]
+    grid += [(1024, r, 4, k, p, 2) for r, k, p in itertools.product((1, 2, 4), (1, 2), flags)]
+    grid += [(1024, r, 4, 2, p, 4) for r, p in itertools.product((1, 2), flags)]
+    grid += [(2048, r, w, 2, True, 2) for r, w in itertools.product((1, 2), (4, 8))]
+    grid += [(1024, 1, 4, k, True, 4) for k in (1, 3)] + [(1024, 1, w, 2, True, 8) for w in (2, 4)]
+    grid += [(1024, 1, 8, 2, True, 4), (2048, 1, 4, 2, True, 4), (2048, 2, 4, 2, True, 4), (2048, 2, 4, 2, False, 2)]
+    grid += [(2048, 2, 4, k, True, 2) for k in (1, 3)] + [(4096, 1, 4, 2, True, g) for g in (2, 4)]
+    if backward:
+        grid += [(1024, 4, 8, 2, False, g) for g in (1, 2)]
+        chunked = [pallas_config.Config(1, c, 16) for c in (4096, 8192)]
+    else:
+        cols, warps, _, prefetch = pallas_config.FWD_CHUNKED
+        chunked = [pallas_config.Config(1, cols, warps, prefetch=prefetch)]
+    configs = list(dict.fromkeys(make(*g) for g in (grid[::3] if quick else grid)))
+    return [c for c in configs if c != base] + chunked
 
 
 def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
@@ -115,14 +138,17 @@ def mosaic_resources(report: dict[str, dict[str, int]], mode: str, plan: mosaic_
 
 
 def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
-    return triton_config.backward_config(n, backend.num_sms()) if backward else triton_config.forward_config(n)
+    return (triton_config.backward_config if backward else triton_config.forward_config)(n, backend.num_sms())
 
 
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
     base = _triton_heuristic(n, backward)
-    if base.lag:  # column bands: rows per block × lag, and the chunked path
-        grid = [dict(block_m=r, lag=k) for r, k in itertools.product((2, 4, 8), (1, 2, 3))]
-        return [None] + [dataclasses.replace(base, **g) for g in grid] + [triton_config.chunked_backward_config()]
+    if base.lag:  # column bands: band × rows × lag × row groups (4 warps), and the chunked path
+        grid = [(c, r, k, g) for c, r, k, g in itertools.product((1024, 2048), (1, 2, 4), (1, 2, 3), (1, 2, 4))
+                if c * r <= 4096 * (1 if backward else 2) and (k == 2 or (c, r) in ((1024, 1), (2048, 2)))]
+        configs = [dataclasses.replace(base, block_n=c, block_m=r, lag=k, groups=g, num_warps=4) for c, r, k, g in grid]
+        chunked = triton_config.chunked_backward_config() if backward else triton_config.chunked_forward_config()
+        return [None] + [c for c in dict.fromkeys(configs) if c != base][:6 if quick else None] + [chunked]
     if not base.chunked(n):
         grid = [dict(block_m=max(1, e // base.block_n), num_warps=w) for e, w in itertools.product(
             (2048, 4096, 8192), (2, 4, 8))]
@@ -136,7 +162,8 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
     return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
 
 
-def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas") -> list[dict]:
+def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas",
+                 modes: tuple[str, ...] = MODES) -> list[dict]:
     """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
     are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver
     (Triton lowering) or ptxas's report (Mosaic GPU, with the CTAs per SM those registers allow against those the
@@ -145,12 +172,12 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
     dev = x.get_device()
     rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
     rows = []
-    for backward in (False, True):
+    for backward in _directions(modes):
         configs = (pallas_configs(m, n, backward, quick) if kernel == "pallas" else
                    mosaic_configs(m, n, x.element_size(), backward, quick))
         for cfg in configs:
-            if kernel == "mosaic" and cfg is None:
-                cfg = mosaic_config.heuristic(m, n, backward=backward)
+            if cfg is None:  # the kernel family's own heuristic (None would let ``auto`` pick the lowering)
+                cfg = (mosaic_config if kernel == "mosaic" else pallas_config).heuristic(m, n, backward=backward)
             try:
                 # Mosaic's runtime compiles at the launcher's first call: the report is captured around the timing
                 with ptxas.capture() if kernel == "mosaic" else contextlib.nullcontext({}) as report:
@@ -182,11 +209,11 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
     return rows
 
 
-def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool) -> list[dict]:
+def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool, modes: tuple[str, ...] = MODES) -> list[dict]:
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     _, rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, casting)
     rows = []
-    for backward in (False, True):
+    for backward in _directions(modes):
         for cfg in triton_configs(n, backward, quick):
             if backward:
                 call = lambda cfg=cfg: triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, casting, True, True,  # noqa
@@ -201,6 +228,8 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
     mode = "bwd" if backward else "fwd"
     if kernel == "mosaic" and cfg == mosaic_config.heuristic(m, n, backward=backward):
         name = f"heuristic: {cfg!r}"
+    elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward):
+        name = f"heuristic: {cfg!r}"
     elif cfg is None:
         heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
                      _triton_heuristic(n, backward))
@@ -213,14 +242,20 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
                 tbps=timing.tbps(mode, m, n, itemsize, sec))
 
 
-def run(shapes, dtype: str, casting: str, quick: bool, kernels: tuple[str, ...] = KERNELS) -> dict:
+def _directions(modes: tuple[str, ...]) -> list[bool]:
+    """``backward`` flags of the ``modes`` swept ("fwd", "bwd"), forward first."""
+    return [backward for backward, mode in ((False, "fwd"), (True, "bwd")) if mode in modes]
+
+
+def run(shapes, dtype: str, casting: str, quick: bool, kernels: tuple[str, ...] = KERNELS,
+        modes: tuple[str, ...] = MODES) -> dict:
     tdt = getattr(torch, dtype)
     copy = timing.copy_tbps()
     rows = []
     for m, n in shapes:
         for kernel in kernels:
-            rows += (_triton_rows(m, n, tdt, casting, quick) if kernel == "triton" else
-                     _pallas_rows(m, n, tdt, casting, quick, kernel))
+            rows += (_triton_rows(m, n, tdt, casting, quick, modes) if kernel == "triton" else
+                     _pallas_rows(m, n, tdt, casting, quick, kernel, modes))
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows)
 

@@ -151,9 +151,10 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    return kernels.forward(x2, weight, eps=eps, offset=offset, casting=casting,
-                           config=pallas_config.fit(config, m, n, backward=False), interpret=impl == "interpret",
-                           **fused)
+    config = pallas_config.fit(config, m, n, backward=False)
+    launch = bands.forward if config.lag else kernels.forward
+    return launch(x2, weight, eps=eps, offset=offset, casting=casting, config=config, interpret=impl == "interpret",
+                  **fused)
 
 
 def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out=None):

@@ -32,6 +32,10 @@ beats the Triton lowering's (32768×8192 2.85 against 2.81, 4096×8192 2.49 agai
 exception. At 262144 the Mosaic backward runs (its ``dweight`` partial half in shared memory) but at 1.08 TB/s
 against the Triton lowering's 1.77: the Triton lowering keeps that length. Since the ninth session the Triton
 lowering's backward there runs on column bands (``pallas_config.BANDS``, ``bands.py``: 2.16 TB/s, kernels timed).
+
+2026-11-25 (tenth session): the column bands run in row groups and take the forward too; at 1024×262144 the Triton
+lowering's forward reads 2.72 TB/s against Mosaic GPU's clusters' 2.36 (the sweep launched both through torch,
+``sweep_h100_bfloat16_llama_bands_groups.md``), so the forward runs on Mosaic GPU only up to 131072 columns.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from .mosaic_config import MosaicConfig
 from .pallas_config import one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi
-MOSAIC_FWD_COLS = (16384, 262144)  # the forward runs on Mosaic GPU for lo < N <= hi
+MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
 

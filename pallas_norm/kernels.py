@@ -282,10 +282,16 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     dx = outs.pop(0) if need_dx else None
     dweight = outs.pop(0) if direct else None
     if need_dw and not direct:
-        dweight = pl.pallas_call(
-            functools.partial(_dweight_reduce_kernel, n=n, parts=config.programs),
-            out_shape=jax.ShapeDtypeStruct((n,), weight.dtype), grid=(cdiv(n, REDUCE_COLS),),
-            compiler_params=backend.compiler_params(4, interpret=interpret), interpret=interpret,
-            name="pallas_norm_dweight_reduce",
-        )(outs.pop(0))
+        dweight = reduce_dweight(outs.pop(0), weight.dtype, interpret=interpret)
     return dx, dweight
+
+
+def reduce_dweight(partials, dtype, *, interpret: bool):
+    """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in part order."""
+    parts, n = partials.shape
+    return pl.pallas_call(
+        functools.partial(_dweight_reduce_kernel, n=n, parts=parts),
+        out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, REDUCE_COLS),),
+        compiler_params=backend.compiler_params(4, interpret=interpret), interpret=interpret,
+        name="pallas_norm_dweight_reduce",
+    )(partials)

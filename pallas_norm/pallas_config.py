@@ -46,18 +46,23 @@ ONE_PROGRAM_ELEMS = 1 << 16
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
-# Backward, rows of at least BANDS_MIN_COLS columns: column bands of every row, one program per band on a
-# co-resident grid (``bands.py``: x and dy read once, 3 passes): bands of ``cdiv(n, 2·SMs)`` columns (a power of two,
-# at least BANDS_MIN_BAND; at most two programs per SM, which 4 warps always fit: 255 registers each), then
-# (elements per row block, warps, lag, prefetch). Sweep (H100, bf16, 1024×262144, 2026-11-25,
-# bench/results/sweep_h100_bfloat16_llama_bands.md): 1024-column bands of 4 rows, 4 warps, lag 2, prefetch 2.18
-# TB/s against the chunked path's 1.77; lag 1 1.66-1.86; 8 warps or 8 rows at 1024 columns need more registers than
-# two programs per SM allow: the grid is not co-resident and falls to 0.03-1.3.
+# Rows of at least BANDS_MIN_COLS columns, both directions: column bands of every row (``bands.py``: x (and dy) read
+# once; the forward 2 passes, the backward 3) of ``next_pow2(cdiv(n, SMs))`` columns (at least BANDS_MIN_BAND): at most
+# one band per SM, each band's programs walking the rows in ``groups`` interleaved row groups (the grid: bands ×
+# groups, ``programs_per_sm`` per SM). A row group's bands must be co-resident to run at speed (each waits for its
+# peers' row sums); groups beyond what the GPU holds at once run in later waves. Then (elements per row block, warps,
+# lag, prefetch, programs per SM). Sweep (H100, bf16, 1024×262144, 2026-11-25, tenth session, kernels launched by
+# torch, bench/results/sweep_h100_bfloat16_llama_bands_groups.md): 2048-column bands of 2 rows, 4 warps, lag 2,
+# prefetch: the forward in 4 groups (128 registers: 4 programs per SM) 2.72 TB/s against 2.36 for Mosaic GPU's
+# clusters and 2.01 for the chunked path, and 1.81 in one group of 8-row blocks; the backward in 2 groups (244
+# registers: 2 per SM) 2.60 against 2.26 for the ninth session's 1024-column bands in one group of 4-row blocks. One
+# group of many rows per step keeps few programs per SM, each step a chain of dependent loads and block-wide
+# reductions: more, smaller programs hide each other's latency (ncu, tenth session: 8 warps per SM, 0.4 instructions
+# issued per cycle per scheduler, DRAM 49-55% busy in one group).
 BANDS_MIN_COLS = 262144
 BANDS_MIN_BAND = 1024
-BANDS = (4096, 4, 2, True)
-
-
+BANDS = (4096, 4, 2, True, 2)
+FWD_BANDS = (4096, 4, 2, True, 4)
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
@@ -86,10 +91,11 @@ class Config:
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
     the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
-    registers for long resident rows); ``lag`` (the backward of chunked rows; 0: off): one program per column band
-    of ``block_cols`` owns that band of every row and the programs exchange row sums through global memory, a
-    block finished ``lag`` row blocks after its sums were posted (``bands.py``: x and dy read from memory once;
-    ``programs`` is then ``chunks(n)``, which must all be resident at once to run at speed).
+    registers for long resident rows); ``lag`` (chunked rows; 0: off): programs own column bands of ``block_cols``
+    and exchange row sums through global memory, a block finished ``lag`` row blocks after its sums were posted
+    (``bands.py``: x and dy read from memory once); ``programs`` is then the band count times the row groups
+    (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
+    at once to run at speed.
     """
 
     block_rows: int
@@ -126,10 +132,13 @@ class Config:
 def heuristic(m: int, n: int, *, backward: bool) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
-    if backward and n >= BANDS_MIN_COLS:
-        elems, warps, lag, prefetch = BANDS
-        cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, 2 * backend.num_sms())))
-        return fit(Config(max(1, elems // cols), cols, warps, prefetch=prefetch, lag=lag), m, n, backward=True)
+    if n >= BANDS_MIN_COLS:
+        elems, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
+        sms = backend.num_sms()
+        cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
+        programs = cdiv(n, cols) * max(1, per_sm * sms // cdiv(n, cols))  # bands × row groups
+        return fit(Config(max(1, elems // cols), cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n,
+                   backward=backward)
     if n_pad > MAX_RESIDENT_COLS:
         cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
         programs = _grid(per_sm, cdiv(n, cols), backward)
@@ -162,10 +171,11 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
         return heuristic(m, n, backward=backward)
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
-    if config.lag and (not backward or chunks == 1):  # no bands: a forward, or a resident row
+    if config.lag and chunks == 1:  # no bands: a resident row
         config = dataclasses.replace(config, lag=0)
-    if config.lag:
-        return dataclasses.replace(config, programs=chunks)
+    if config.lag:  # a grid of bands × row groups (each group at least one row block)
+        groups = max(1, min((config.programs or chunks) // chunks, cdiv(max(m, 1), config.block_rows)))
+        return dataclasses.replace(config, programs=chunks * groups)
     if not backward and chunks == 1:
         return dataclasses.replace(config, programs=None)
     programs = config.programs

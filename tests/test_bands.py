@@ -1,5 +1,5 @@
-"""The long-row backward on column bands (``Config.lag``, ``pallas_norm/bands.py``): row sums exchanged through
-global memory, x and dy read once. On CPU the interpreter runs the programs one after another, so every program but
+"""Long rows on column bands (``Config.lag``, ``pallas_norm/bands.py``), forward and backward: row sums exchanged
+through global memory, x (and dy) read once. On CPU the interpreter runs the programs one after another, so every program but
 the last recomputes its peers' partial sums (the fallback) and the last reads them as posted: both paths run."""
 
 from __future__ import annotations
@@ -26,10 +26,27 @@ CASES = [((37, 4000), Config(4, 512, 4, lag=2)), ((5, 2048), Config(2, 128, 4, l
 @pytest.mark.parametrize("dtype,casting,offset", [(jnp.bfloat16, "llama", 0.0), (jnp.float16, "gemma", 1.0),
                                                   (jnp.float32, "none", 0.0)])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_bands_backward_matches_float64_rule(case, dtype, casting, offset):
+def test_bands_match_float64_rule(case, dtype, casting, offset):
+    """Forward and backward on bands (y, rstd's use in dx, dweight)."""
     shape, config = CASES[case]
     x, w, dy = jax_inputs(shape, dtype, offset, seed=case, scale=2.0)
-    check_jax(x, w, dy, "interpret", eps=1e-6, offset=offset, casting=casting, bwd_config=config)
+    check_jax(x, w, dy, "interpret", eps=1e-6, offset=offset, casting=casting, config=config, bwd_config=config)
+
+
+def test_forward_rstd_and_fused_add_on_bands():
+    """The band forward's rstd (stored by band 0's program) is the row's, h of the fused add is the resident
+    path's bits, and y of the fused add is the norm of h."""
+    config = CASES[0][1]
+    x, w, _ = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=11, scale=2.0)
+    res = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=12)[0]
+    _, rstd = pn.rms_norm_with_rstd(x, w, impl="interpret", config=config)
+    x64 = np.asarray(x, np.float64)
+    np.testing.assert_allclose(np.asarray(rstd), 1 / np.sqrt(np.mean(x64 * x64, axis=1) + 1e-6), rtol=2e-6)
+    y, h = pn.rms_norm_add(x, res, w, impl="interpret", config=config)
+    y_ref, h_ref = pn.rms_norm_add(x, res, w, impl="interpret")
+    np.testing.assert_array_equal(bits(h), bits(h_ref))
+    np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(h, w, impl="interpret", config=config)))
+    assert float(jnp.max(jnp.abs(y.astype(jnp.float32) - y_ref.astype(jnp.float32)))) <= 2 ** -7 * 8
 
 
 def test_float32_weight_with_bfloat16_rows():
@@ -45,6 +62,15 @@ def test_too_few_slots_is_caught(monkeypatch):
     x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=7, scale=2.0)
     with pytest.raises(AssertionError, match="dx"):
         check_jax(x, w, dy, "interpret", eps=1e-6, bwd_config=Config(4, 512, 2, lag=2))  # a config traced only here
+
+
+def test_forward_without_its_peers_sums_is_caught(monkeypatch):
+    """The rule catches a forward whose exchange is broken: slots filled with a posted-looking 0.0 (each program
+    sees its peers' partial sums as posted zeros before they are written, so rstd comes from too few columns)."""
+    monkeypatch.setattr(bands, "_slots", lambda m, n, config: jnp.zeros((m, bands.slot_cols(config, n)), jnp.int32))
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=8, scale=2.0)
+    with pytest.raises(AssertionError, match="y"):
+        check_jax(x, w, dy, "interpret", eps=1e-6, config=Config(4, 512, 2, lag=1))  # a config traced only here
 
 
 def _backward(x, w, dy, config, impl="interpret", **kw):
@@ -78,12 +104,15 @@ def test_dweight_alone_and_dx_alone_match_the_full_backward():
     np.testing.assert_array_equal(bits(only_dx[0]), bits(dx))
 
 
-def test_heuristic_takes_bands_for_the_longest_rows_only():
+@pytest.mark.parametrize("backward", [False, True])
+def test_heuristic_takes_bands_for_the_longest_rows_only(backward):
+    sms = jax.devices()[0].core_count if ON_GPU else 8
     for n in (pallas_config.BANDS_MIN_COLS, 300000):
-        config = pallas_config.heuristic(1024, n, backward=True)
-        assert config.lag and config.programs == config.chunks(n) <= 2 * (jax.devices()[0].core_count if ON_GPU else 8)
-    assert not pallas_config.heuristic(1024, 131072, backward=True).lag
-    assert not pallas_config.heuristic(1024, 262144, backward=False).lag
+        config = pallas_config.heuristic(1024, n, backward=backward)
+        assert config.lag and config.chunks(n) <= sms  # a band per SM at most, in row groups:
+        assert bands.groups(config, n) * config.chunks(n) == config.programs <= (2 if backward else 4) * sms
+    assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
+    assert not pallas_config.fit(Config(4, 1024, 4, lag=2), 8, 1000, backward=backward).lag  # a resident row
     with pytest.raises(ValueError, match="lag"):
         Config(1, 1024, 4, lag=-1)
 
@@ -95,11 +124,28 @@ gpu = pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("shape,dtype", [((256, 262144), jnp.bfloat16), ((64, 262144), jnp.float32),
                                          ((300, 300000), jnp.float16)])
-def test_gpu_bands_backward_matches_float64_rule(shape, dtype):
-    """The heuristic's band config (``impl="pallas"`` and ``impl=None`` both run it from 262144 columns)."""
-    assert pallas_config.heuristic(*shape, backward=True).lag
+def test_gpu_bands_match_float64_rule(shape, dtype):
+    """The heuristics' band configs (``impl="pallas"`` runs both directions on bands from 262144 columns)."""
+    assert pallas_config.heuristic(*shape, backward=True).lag and pallas_config.heuristic(*shape, backward=False).lag
     x, w, dy = jax_inputs(shape, dtype, 0.0, seed=1)
     check_jax(x, w, dy, KERNEL, eps=1e-6)
+
+
+@gpu
+def test_gpu_band_forward_bits_repeat_and_do_not_depend_on_who_waited(monkeypatch):
+    """y and rstd of five launches and of one where no program waits (``SPIN_LIMIT = 0``): the same bits; the
+    fused add's h is the resident path's bits."""
+    x, w, _ = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=6)
+    fwd = functools.partial(pn.rms_norm_with_rstd, impl="pallas")
+    runs = [jax.jit(fwd)(x, w) for _ in range(5)]
+    monkeypatch.setattr(bands, "SPIN_LIMIT", 0)
+    runs.append(jax.jit(functools.partial(fwd, config=pallas_config.heuristic(512, 262144, backward=False)))(x, w))
+    for y, rstd in runs[1:]:
+        np.testing.assert_array_equal(bits(y), bits(runs[0][0]))
+        np.testing.assert_array_equal(bits(rstd), bits(runs[0][1]))
+    res = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=7)[0]
+    _, h = jax.jit(functools.partial(pn.rms_norm_add, impl="pallas"))(x, res, w)
+    np.testing.assert_array_equal(bits(h), bits((x.astype(jnp.float32) + res.astype(jnp.float32)).astype(x.dtype)))
 
 
 @gpu
@@ -157,3 +203,11 @@ def test_torch_launch_route_fills_the_slots_per_call():
     op = next(op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call")
     with pytest.raises(launch_route.UnsupportedProgram, match="writing into an input"):
         launch_route._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        lowered = launch_route._lower_forward(64, 262144, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama", config)
+    program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
+    (call,) = program.calls
+    assert call.name == "pallas_norm_fwd_bands" and call.grid == (256, 1, 1)
+    ((value, shape, dtype, fill),) = program.fills
+    assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
+    assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]

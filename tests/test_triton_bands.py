@@ -1,4 +1,4 @@
-"""The Triton reference's backward on column bands (``triton_config.Config.lag``, ``torch_bridge/triton_bands.py``).
+"""The Triton reference's forward and backward on column bands (``triton_config.Config.lag``, ``torch_bridge/triton_bands.py``).
 On CPU Triton's interpreter runs the programs one after another: every program but the last computes its peers'
 partial sums itself (the fallback), the last reads them as posted."""
 
@@ -19,7 +19,7 @@ CASES = [((37, 4000), triton_config.Config(4, 512, 4, lag=2), torch.bfloat16, "l
 
 def _run(shape, config, dtype, casting, offset, seed=1, **kw):
     x, w, dy = torch_inputs(shape, dtype, offset, seed=seed, scale=2.0)
-    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, config=config)
     dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config, **kw)
     return judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=offset, casting=casting)
 
@@ -40,10 +40,25 @@ def test_float32_weight_with_bfloat16_rows():
 
 def test_slots_read_before_they_are_posted_are_caught(monkeypatch):
     """The rule above catches a broken exchange: slots filled with 0 instead of ``UNPOSTED`` look posted at once,
-    so a program sums zeros for the peers that have not posted yet."""
+    so a program sums zeros for the peers that have not posted yet (y in the forward, dx in the backward)."""
     monkeypatch.setattr(triton_bands, "UNPOSTED", 0)
     failures = _run(*CASES[0], seed=2)
-    assert any("dx" in f for f in failures)
+    assert any(f.startswith("y") for f in failures) and any("dx" in f for f in failures)
+
+
+def test_forward_rstd_and_fused_add_on_bands():
+    """rstd (stored by band 0's program) is the row's; the fused add's h is the resident path's bits and its y the
+    norm of h (the same band sums)."""
+    config = CASES[0][1]
+    x, w, _ = torch_inputs((37, 4000), torch.bfloat16, 0.0, seed=11, scale=2.0)
+    r = torch_inputs((37, 4000), torch.bfloat16, 0.0, seed=12)[0]
+    _, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", config=config)
+    x64 = x.double()
+    torch.testing.assert_close(rstd.double(), torch.rsqrt((x64 * x64).mean(dim=1) + 1e-6), rtol=2e-6, atol=0)
+    y, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", config=config, residual=r, h_dtype=x.dtype)
+    _, h_ref, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", residual=r, h_dtype=x.dtype)
+    assert torch.equal(h, h_ref)
+    assert torch.equal(y, triton_kernels.rms_norm_fwd(h, w, 1e-6, 0.0, "llama", config=config)[0])
 
 
 def test_float64_and_dweight_only_calls():
@@ -59,9 +74,11 @@ def test_float64_and_dweight_only_calls():
 
 
 def test_heuristic_takes_bands_from_262144_columns():
-    assert triton_config.backward_config(262144, 132) == triton_config.Config(4, 1024, 4, lag=2)
-    assert triton_config.backward_config(524288, 132).block_n == 2048
-    assert not triton_config.backward_config(131072, 132).lag
+    assert triton_config.backward_config(262144, 132) == triton_config.Config(2, 2048, 4, lag=2, groups=2)
+    assert triton_config.forward_config(262144, 132) == triton_config.Config(2, 2048, 4, lag=2, groups=4)
+    for config in (triton_config.backward_config, triton_config.forward_config):
+        assert config(524288, 132).block_n == 4096 and config(262144, 114).block_n == 4096
+        assert not config(131072, 132).lag
     with pytest.raises(ValueError, match="lag"):
         triton_config.Config(1, 1024, 4, lag=-1)
 

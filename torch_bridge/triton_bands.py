@@ -1,12 +1,14 @@
-"""The Triton reference's backward of long rows on column bands (``triton_config.Config.lag``): the design of
-``pallas_norm/bands.py`` in plain Triton, so both stacks read x and dy from memory once at 262144+ columns.
+"""The Triton reference on column bands of long rows (``triton_config.Config.lag``): the design of
+``pallas_norm/bands.py`` in plain Triton, so both stacks read each row operand from memory once at 262144+ columns.
 
 One program per band of ``block_n`` columns of every row (a co-resident grid of ``cdiv(N, block_n)`` programs),
-rows walked in blocks of ``block_m``: block ``t``'s band is loaded (kept in L2), its dweight terms accumulated and
-each row's partial ``Σ g·x`` posted as float32 bits to ``slots[row, band]`` (filled with ``UNPOSTED`` per call);
-block ``t - lag`` is then finished from its band read again and the sum of its rows' slots in band order. A program
-that polls ``SPIN_LIMIT`` times without seeing a block's slots complete computes the missing partials itself (the
-owners' code, the same bits) and never waits again. Compute is float32 (float64 inputs stay on the chunked path).
+rows walked in blocks of ``block_m``: block ``t``'s band is loaded (kept in L2) and each row's partial sum over the
+band posted as float32 bits to ``slots[row, band]`` (filled with ``UNPOSTED`` per call): the forward's ``Σ x²``
+(``Σ h²`` for the fused add), the backward's ``Σ g·x`` (the backward also accumulates its band's dweight); block
+``t - lag`` is then finished from its band read again and the sum of its rows' slots in band order: y (and rstd,
+band 0) or dx. A program that polls ``SPIN_LIMIT`` times without seeing a block's slots complete computes the
+missing partials itself (the owners' code, the same bits) and never waits again. Compute is float32 (float64 inputs
+stay on the chunked paths).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import triton
 import triton.language as tl
 
 from pallas_norm.pallas_config import cdiv, next_pow2
-from torch_bridge import custom_ops, triton_launch
+from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _to_dt, _w_eff
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
+                                         _to_dt, _w_eff)
 
 UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF: a NaN payload no float32 arithmetic produces)
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
@@ -39,27 +42,122 @@ def _complete(posted, slot_mask):
 
 
 @triton.jit
-def _band_partial(X, DY, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                  CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """Each row's ``Σ g·x`` over the band ``cols`` (float32), read from memory."""
+def _band_rows(X, R, offs, mask, HAS_RESIDUAL: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
+               EVICT: tl.constexpr):
+    """The forward's band of rows in float32: x, or (the fused add) h = r(x + residual) (DT is h's dtype)."""
+    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        x = _to_dt(x + r, DT, EMULATE_BF16).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _band_partial(X, B, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constexpr, FORWARD: tl.constexpr,
+                  HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
+                  EMULATE_BF16: tl.constexpr):
+    """Each row's partial sum over the band ``cols`` (float32), read from memory: the forward's ``Σ x²`` (``B``
+    the residual, with ``HAS_RESIDUAL``), else ``Σ g·x`` (``B`` is dy)."""
     mask = row_mask[:, None] & (cols[None, :] < N)
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if FORWARD:
+        x = _band_rows(X, B, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "")
+        return tl.sum(x * x, axis=1)
+    else:
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+        w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if HAS_WEIGHT:
+            w_eff = _w_eff(tl.load(W + cols, mask=cols < N, other=0.0), offset, CASTING, DT, tl.float32,
+                           EMULATE_BF16)
+        return _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
+
+
+@triton.jit
+def _post(SLOT, rows, row_mask, S, pid, part):
+    """Post each row's partial (one NaN pattern, never ``UNPOSTED``) to its slot of band ``pid``."""
+    part = tl.where(part == part, part, float("nan"))
+    tl.store(SLOT + rows.to(tl.int64) * S + pid, part.to(tl.int32, bitcast=True), mask=row_mask)
+
+
+@triton.jit
+def _totals(X, B, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P: tl.constexpr,
+            S: tl.constexpr, BLOCK_N: tl.constexpr, FORWARD: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+            HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """``(Σ over bands of rows_b's slots, alone)``: polled until all are posted (at most ``spin_limit`` times, none
+    once ``alone``), else the missing partials computed here (only their bands' rows are read) and ``alone`` set."""
+    slot_ptr = SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :]
+    ready = _complete(posted, slot_mask)
+    spins = 0
+    while (alone == 0) & (ready == 0) & (spins < spin_limit):
+        posted = tl.load(slot_ptr, mask=slot_mask, other=0, volatile=True)
+        ready = _complete(posted, slot_mask)
+        spins += 1
+    vals = posted.to(tl.float32, bitcast=True)
+    if ready == 0:  # the missing partials, computed here (only their bands' rows are read)
+        alone = 1
+        missing = (posted == -1) & slot_mask
+        for q in range(0, P):
+            hit = missing & (pcols[None, :] == q)
+            rows_q = tl.max(tl.where(hit, 1, 0), axis=1) == 1
+            q_part = _band_partial(X, B, W, rows_b, rows_q, q * BLOCK_N + tl.arange(0, BLOCK_N), N, offset, BLOCK_N,
+                                   FORWARD, HAS_WEIGHT, HAS_RESIDUAL, CASTING, DT, EMULATE_BF16)
+            vals = tl.where(hit, q_part[:, None], vals)
+    return tl.sum(tl.where(slot_mask, vals, 0.0), axis=1), alone
+
+
+@triton.jit
+def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_limit,
+                      P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      LAG: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr,
+                      DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
+    ...): posts block t's ``Σ x²`` (``Σ h²``), then writes block t - LAG's y (and h; band 0 its rstd)."""
+    CT: tl.constexpr = tl.float32
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w_eff = tl.zeros([BLOCK_N], dtype=CT)
     if HAS_WEIGHT:
-        w_eff = _w_eff(tl.load(W + cols, mask=cols < N, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
-    return _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
+        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    pcols = tl.arange(0, S)
+    g = tl.program_id(1)
+    alone = 0
+    for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
+        rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        x = _band_rows(X, R, rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :],
+                       HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
+        rows_b = rows - LAG * G * BLOCK_M  # block t - LAG: its slots and its band again (L2), in flight meanwhile
+        row_mask_b = (rows_b >= 0) & (rows_b < M)
+        slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
+        posted = tl.load(SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :], mask=slot_mask, other=0,
+                         volatile=True)
+        offs_b = rows_b.to(tl.int64)[:, None] * N + cols[None, :]
+        mask_b = row_mask_b[:, None] & col_mask[None, :]
+        x_b = _band_rows(X, R, offs_b, mask_b, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_first")
+        _post(SLOT, rows, row_mask, S, pid, tl.sum(x * x, axis=1))
+        total, alone = _totals(X, R, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P, S,
+                               BLOCK_N, True, HAS_WEIGHT, HAS_RESIDUAL, CASTING, DT, EMULATE_BF16)
+        rstd = _rstd(total, n_f, eps, CT)
+        if HAS_RESIDUAL:
+            tl.store(H + offs_b, _to_dt(x_b, DT, EMULATE_BF16), mask=mask_b)
+        y = _normalize(x_b, rstd, CASTING, DT, CT, EMULATE_BF16)
+        if HAS_WEIGHT:
+            y = y * w_eff[None, :]
+        tl.store(Y + offs_b, _to_dt(y, DT, EMULATE_BF16), mask=mask_b)
+        tl.store(RSTD + rows_b, rstd, mask=row_mask_b & (pid == 0))
 
 
 @triton.jit
 def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit,
-                      P: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       LAG: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr, NEED_DW: tl.constexpr,
                       HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
                       EMULATE_BF16: tl.constexpr):
-    """Program ``pid`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of every row; ``S`` slots per row (``P``
-    bands, padded to a power of two)."""
+    """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
+    ...); ``S`` slots per row (``P`` bands, padded to a power of two). With ``G`` > 1 ``DW`` holds float32 partials,
+    one row per group."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -69,16 +167,17 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
         w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
     dw = tl.zeros([BLOCK_N], dtype=CT)
     pcols = tl.arange(0, S)
+    g = tl.program_id(1)
     alone = 0
-    for t in range(0, tl.cdiv(M, BLOCK_M) + LAG):
-        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+    for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
+        rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         mask = row_mask[:, None] & col_mask[None, :]
         x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         if NEED_DX:  # block t - LAG: its slots (in flight during block t's math) and its band again (L2)
-            rows_b = rows - LAG * BLOCK_M
+            rows_b = rows - LAG * G * BLOCK_M
             row_mask_b = (rows_b >= 0) & (rows_b < M)
             slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
             slot_ptr = SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :]
@@ -94,58 +193,79 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
             dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16), axis=0)
         if NEED_DX:
-            part = _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
-            part = tl.where(part == part, part, float("nan"))  # one NaN pattern, never UNPOSTED
-            tl.store(SLOT + rows.to(tl.int64) * S + pid, part.to(tl.int32, bitcast=True), mask=row_mask)
-            ready = _complete(posted, slot_mask)
-            spins = 0
-            while (alone == 0) & (ready == 0) & (spins < spin_limit):
-                posted = tl.load(slot_ptr, mask=slot_mask, other=0, volatile=True)
-                ready = _complete(posted, slot_mask)
-                spins += 1
-            vals = posted.to(tl.float32, bitcast=True)
-            if ready == 0:  # the missing partials, computed here (only their bands' rows are read)
-                alone = 1
-                missing = (posted == -1) & slot_mask
-                for q in range(0, P):
-                    hit = missing & (pcols[None, :] == q)
-                    rows_q = tl.max(tl.where(hit, 1, 0), axis=1) == 1
-                    q_part = _band_partial(X, DY, W, rows_b, rows_q, q * BLOCK_N + tl.arange(0, BLOCK_N), N, offset,
-                                           BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
-                    vals = tl.where(hit, q_part[:, None], vals)
-            c = tl.sum(tl.where(slot_mask, vals, 0.0), axis=1) / N
+            _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
+            total, alone = _totals(X, DY, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P,
+                                   S, BLOCK_N, False, HAS_WEIGHT, False, CASTING, DT, EMULATE_BF16)
+            c = total / N
             dx = _dx(x_b, _grad_n(dy_b, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16), rstd_b, c)
             if HAS_DH:
                 dx += tl.load(DH + offs_b, mask=mask_b, other=0.0).to(CT)
             tl.store(DX + offs_b, _to_dt(dx, DT, EMULATE_BF16), mask=mask_b)
-    if NEED_DW:
+    if NEED_DW and G == 1:
         tl.store(DW + cols, _to_dt(dw, WDT, EMULATE_BF16), mask=col_mask)
+    elif NEED_DW:
+        tl.store(DW + g.to(tl.int64) * N + cols, dw, mask=col_mask)
+
+
+def _slots(M: int, programs: int, device: torch.device) -> torch.Tensor:
+    return torch.full((M, next_pow2(programs)), UNPOSTED, dtype=torch.int32, device=device)
+
+
+def _groups(M: int, cfg: Config) -> int:
+    """Row groups launched: the config's, at most one per row block."""
+    return max(1, min(cfg.groups, cdiv(M, cfg.block_m)))
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str, cfg: Config,
+            config_key: object, rstd: torch.Tensor, residual: torch.Tensor | None = None,
+            h_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    """As ``triton_kernels.rms_norm_fwd`` for a band config (``cfg.lag``, float32 compute; a forward finishes at
+    least one block late): one launch, rstd (written into ``rstd``) stored by band 0's program."""
+    M, N = custom_ops.rows(x)
+    fused = residual is not None
+    programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
+    y = torch.empty_like(x, dtype=h_dtype if fused else None)
+    h = torch.empty_like(x, dtype=h_dtype) if fused else None
+    key = ("bands_fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config_key, x.get_device(),
+           custom_ops.dtype_of(residual), h_dtype)
+    triton_launch.launch(key, _bands_fwd_kernel, (programs, groups),
+                         (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
+                          _slots(M, programs, x.device), M, N, float(N), eps, offset, 0 if INTERPRET else SPIN_LIMIT),
+                         lambda: dict(P=programs, S=next_pow2(programs), G=groups, BLOCK_M=cfg.block_m,
+                                      BLOCK_N=cfg.block_n, LAG=max(cfg.lag, 1), HAS_WEIGHT=weight is not None,
+                                      HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[y.dtype],
+                                      EMULATE_BF16=INTERPRET, num_warps=cfg.num_warps),
+                         interpret=INTERPRET)
+    return (y, h, rstd) if fused else (y, rstd)
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
              casting: str, need_dx: bool, need_dweight: bool, cfg: Config, config_key: object,
              dh_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """As ``triton_kernels.rms_norm_bwd`` for a band config (``cfg.lag``, float32 compute): one launch; each band's
-    dweight stored by its owner. ``config_key`` is what the caller passed as ``config`` (part of the launch key)."""
+    dweight stored by its owner (one row group), or its groups' float32 partials summed in group order (a second
+    launch). ``config_key`` is what the caller passed as ``config`` (part of the launch key)."""
     M, N = custom_ops.rows(x)
     need_dweight = need_dweight and weight is not None
     has_dh = dh_out is not None and need_dx
-    programs = cdiv(N, cfg.block_n)
-    slots_per_row = next_pow2(programs)
+    programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
-    slots = torch.full((M, slots_per_row), UNPOSTED, dtype=torch.int32, device=x.device) if need_dx else rstd
+    partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
+    slots = _slots(M, programs, x.device) if need_dx else rstd
     key = ("bands", M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config_key, x.get_device(),
            need_dx, need_dweight, has_dh)
-    triton_launch.launch(key, _bands_bwd_kernel, (programs,),
+    triton_launch.launch(key, _bands_bwd_kernel, (programs, groups),
                          (x, weight if weight is not None else x, dy, dh_out if has_dh else dy, rstd,
-                          dx if need_dx else x, dweight if need_dweight else rstd, slots, M, N, offset,
+                          dx if need_dx else x, partials if need_dweight else rstd, slots, M, N, offset,
                           0 if INTERPRET else SPIN_LIMIT),
-                         lambda: dict(P=programs, S=slots_per_row, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                      LAG=cfg.lag if need_dx else 0, HAS_WEIGHT=weight is not None, NEED_DX=need_dx,
-                                      NEED_DW=need_dweight, HAS_DH=has_dh, CASTING=CASTING_CODES[casting],
-                                      DT=_TL_DTYPES[x.dtype],
+                         lambda: dict(P=programs, S=next_pow2(programs), G=groups, BLOCK_M=cfg.block_m,
+                                      BLOCK_N=cfg.block_n, LAG=cfg.lag if need_dx else 0, HAS_WEIGHT=weight is not None,
+                                      NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
+                                      CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else tl.float32,
                                       EMULATE_BF16=INTERPRET, num_warps=cfg.num_warps),
                          interpret=INTERPRET)
+    if need_dweight and groups > 1:
+        triton_dweight.reduce(partials, dweight, ("bands_dweight", *key))
     return dx, dweight

@@ -17,16 +17,20 @@ BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
-# The backward of rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``): bands of
-# ``cdiv(N, 2·SMs)`` columns (a power of two, at least BANDS_MIN_BAND: at most two 4-warp programs per SM, which
-# registers always allow), ``BANDS_ELEMS`` elements per row block, 4 warps, lag 2 (pallas_config.BANDS's design;
-# H100, bf16, 1024×262144, bench/results/triton_bands_h100.md: 2.13 TB/s against the chunked path's 1.76; lag 1
-# 1.55, lag 3 2.11, 8 rows 1.81-2.07; 8 warps not co-resident).
+# Rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``; pallas_config's design and
+# choice): bands of ``next_pow2(cdiv(N, SMs))`` columns (at least BANDS_MIN_BAND), ``BANDS_ELEMS`` elements per row
+# block, 4 warps, lag 2, in row groups: the backward ``BWD_BANDS_PER_SM`` programs per SM, the forward
+# ``FWD_BANDS_PER_SM``. H100, bf16, 1024×262144 (tenth session,
+# bench/results/sweep_h100_bfloat16_llama_bands_groups.md):
+# 2048-column bands of 2 rows, the forward in 4 groups 2.54 TB/s against 1.92 chunked and 1.87 for 1024-column bands
+# of 8 rows in one group; the backward in 2 groups 2.16 against 2.13 for the ninth session's 1024-column bands of 4
+# rows (bench/results/triton_bands_h100.md: 1.76 chunked).
 BANDS_MIN_N = 262144
 BANDS_MIN_BAND = 1024
 BANDS_ELEMS = 4096
 BANDS_LAG = 2
-
+BWD_BANDS_PER_SM = 2
+FWD_BANDS_PER_SM = 4
 
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
@@ -44,7 +48,8 @@ class Config:
     A backward of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight
     itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
     is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (a chunked backward): column bands of
-    ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted."""
+    ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
+    ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...)."""
 
     block_m: int
     block_n: int
@@ -54,6 +59,7 @@ class Config:
     rowdot_warps: int = _warps(CHUNK_N, 512)
     one_program_elems: int = ONE_PROGRAM_ELEMS
     lag: int = 0
+    groups: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -66,19 +72,37 @@ class Config:
             raise ValueError(f"one_program_elems must be an int >= 0, got {self.one_program_elems!r}")
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
             raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
+            raise ValueError(f"groups must be an int >= 1, got {self.groups!r}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
 
 
+def _bands(n: int, sms: int, per_sm: int) -> Config:
+    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs: at most one band per SM, in row groups
+    filling ``per_sm`` programs per SM."""
+    band = max(BANDS_MIN_BAND, next_pow2(-(-n // sms)))
+    groups = max(1, per_sm * sms // -(-n // band))
+    return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG, groups=groups)
+
+
 @functools.cache
-def forward_config(n: int) -> Config:
+def forward_config(n: int, sms: int = 132) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
-    most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``."""
+    most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
+    from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    if n >= BANDS_MIN_N:
+        return _bands(n, sms, FWD_BANDS_PER_SM)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         return Config(block_m, block_n, _warps(block_m * block_n, 1024))
+    return chunked_forward_config()
+
+
+def chunked_forward_config() -> Config:
+    """The long-row forward in column chunks of ``CHUNK_N`` (x read twice)."""
     return Config(1, CHUNK_N, _warps(CHUNK_N, 512))
 
 
@@ -88,8 +112,7 @@ def backward_config(n: int, sms: int = 132) -> Config:
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only)."""
     if n >= BANDS_MIN_N:
-        band = max(BANDS_MIN_BAND, next_pow2(-(-n // (2 * sms))))
-        return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG)
+        return _bands(n, sms, BWD_BANDS_PER_SM)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))

@@ -21,13 +21,10 @@ import triton
 import triton.language as tl
 
 from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
-from torch_bridge import custom_ops, triton_bands, triton_config, triton_launch
+from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
                                          _to_dt, _w_eff)
-
-REDUCE_BLOCK_G, REDUCE_BLOCK_N = 64, 64  # the dweight reduction's tile: partial rows × columns per program
-
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -165,21 +162,6 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
             tl.store(DWP + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
-@triton.jit
-def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr,
-                           WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """dweight[cols] = the sum over p < G of DWP[p, cols] (CT), stored as WDT: tiles of BLOCK_G partial rows,
-    each summed by ``tl.sum``, added in row order; the same order on every call, so the bits repeat."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    acc = tl.zeros([BLOCK_N], dtype=CT)
-    for start in range(0, G, BLOCK_G):
-        rows = start + tl.arange(0, BLOCK_G)
-        mask = (rows < G)[:, None] & col_mask[None, :]
-        acc += tl.sum(tl.load(DWP + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0), axis=0)
-    tl.store(DW + cols, _to_dt(acc, WDT, EMULATE_BF16), mask=col_mask)
-
-
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
@@ -204,12 +186,17 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     With ``residual`` (the fused add, same shape): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and
     ``y`` (``h_dtype`` too) its norm."""
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.forward_config(N)
+    cfg = config or triton_config.forward_config(N, _sm_count(x))
     fused = residual is not None
-    h = torch.empty_like(x, dtype=h_dtype) if fused else None
-    y = torch.empty_like(x, dtype=h_dtype if fused else None)
+    row_dtype = h_dtype if fused else x.dtype
     if rstd is None:
-        rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.rstd_dtype(y))
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float64 if row_dtype == torch.float64 else torch.float32)
+    if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
+        if rstd.dtype == torch.float32:
+            return triton_bands.forward(x, weight, eps, offset, casting, cfg, config, rstd, residual, h_dtype)
+        cfg = triton_config.chunked_forward_config()  # float64: its partial sums do not fit the 32-bit slots
+    h = torch.empty_like(x, dtype=h_dtype) if fused else None
+    y = torch.empty_like(x, dtype=row_dtype)
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype)
     row_blocks = cdiv(M, cfg.block_m)
@@ -273,10 +260,5 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                          interpret=INTERPRET)
     if not need_dweight or direct:
         return dx, dweight
-    # the partials' fixed-order sum: one launch (not torch's sum and cast: two ops, ~2x the host time)
-    triton_launch.launch(("dweight", g, *key), _dweight_reduce_kernel, (cdiv(N, REDUCE_BLOCK_N),),
-                         (partials, dweight, g, N),
-                         lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[cdt],
-                                      WDT=_TL_DTYPES[weight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
-                         interpret=INTERPRET)
+    triton_dweight.reduce(partials, dweight, ("dweight", g, *key))
     return dx, dweight

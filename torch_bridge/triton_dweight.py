@@ -1,0 +1,39 @@
+"""The fixed-order sum of float32 dweight partials (one row per program or row group) for the Triton reference's
+backward kernels (``triton_kernels``' persistent grid, ``triton_bands``' row groups)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pallas_norm.pallas_config import cdiv
+from torch_bridge import triton_launch
+from torch_bridge.triton_rowmath import INTERPRET, _TL_DTYPES, _to_dt
+
+REDUCE_BLOCK_G, REDUCE_BLOCK_N = 64, 64  # the reduction's tile: partial rows × columns per program
+
+
+@triton.jit
+def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr,
+                           WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """dweight[cols] = the sum over p < G of DWP[p, cols] (CT), stored as WDT: tiles of BLOCK_G partial rows,
+    each summed by ``tl.sum``, added in row order; the same order on every call, so the bits repeat."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_N], dtype=CT)
+    for start in range(0, G, BLOCK_G):
+        rows = start + tl.arange(0, BLOCK_G)
+        mask = (rows < G)[:, None] & col_mask[None, :]
+        acc += tl.sum(tl.load(DWP + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0), axis=0)
+    tl.store(DW + cols, _to_dt(acc, WDT, EMULATE_BF16), mask=col_mask)
+
+
+def reduce(partials: torch.Tensor, dweight: torch.Tensor, key: tuple) -> None:
+    """``dweight[:] = Σ_p partials[p, :]`` (rows of the compute dtype, summed in row order), in one launch (not
+    torch's sum and cast: two ops, ~2× the host time); ``key`` names the launch (``triton_launch.launch``)."""
+    g, n = partials.shape
+    triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N),), (partials, dweight, g, n),
+                         lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[partials.dtype],
+                                      WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
+                         interpret=INTERPRET)
