@@ -117,6 +117,13 @@ def _exchange(slots_ref, partial, rows_of, *, n: int, config: Config, interpret:
     return types.SimpleNamespace(post=post, read=read, totals=totals)
 
 
+def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt):
+    """This program's band: ``(band index, cols, cmask, w_eff over the band)``."""
+    pid, bc = pl.program_id(0), config.block_cols
+    cols, cmask = _span(pid * bc, bc, n)
+    return pid, cols, cmask, _weight(w_ref, cols, cmask, offset, casting, dt)
+
+
 def _walk_bands(m: int, n: int, config: Config, lag: int, fetch, start, finish, ex, acc_cols: int | None = None):
     """``acc = start(t, fetch(t), acc)`` for every row block t (``acc``: float32 zeros of ``(acc_cols,)`` at first,
     None without ``acc_cols``), and ``finish(t - lag, posted, alone)`` after it (``lag`` 0: no finishing); block
@@ -153,10 +160,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
     h_ref = refs.pop(0) if has_residual else None
     rstd_ref, slots_ref = refs
     dt = y_ref.dtype
-    bc = config.block_cols
-    pid = pl.program_id(0)
-    cols, cmask = _span(pid * bc, bc, n)
-    w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
+    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt)
 
     def band(rows, rmask, c, cm, policy):
         mask = rmask[:, None] & cm[None, :]
@@ -214,9 +218,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     slots_ref = refs.pop(0) if need_dx else None
     dt = dy_ref.dtype
     bc = config.block_cols
-    pid = pl.program_id(0)
-    cols, cmask = _span(pid * bc, bc, n)
-    w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
+    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt)
 
     def band(rows, rmask, c, cm, policy):
         return (backend.load(x_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy),

@@ -74,6 +74,18 @@ def _band_partial(X, B, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constexp
 
 
 @triton.jit
+def _own_band(W, pid, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
+              DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Program ``pid``'s band: its columns, their mask and the float32 effective weight over them (zeros without)."""
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_WEIGHT:
+        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
+    return cols, col_mask, w_eff
+
+
+@triton.jit
 def _post(SLOT, rows, row_mask, S, pid, part):
     """Post each row's partial (one NaN pattern, never ``UNPOSTED``) to its slot of band ``pid``."""
     part = tl.where(part == part, part, float("nan"))
@@ -115,11 +127,7 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
     ...): posts block t's ``Σ x²`` (``Σ h²``), then writes block t - LAG's y (and h; band 0 its rstd)."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    w_eff = tl.zeros([BLOCK_N], dtype=CT)
-    if HAS_WEIGHT:
-        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
     alone = 0
@@ -160,11 +168,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     one row per group."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    w_eff = tl.zeros([BLOCK_N], dtype=CT)
-    if HAS_WEIGHT:
-        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
     dw = tl.zeros([BLOCK_N], dtype=CT)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
