@@ -1,24 +1,26 @@
 """Long rows on column bands (``Config.lag``): x (and dy) read from memory once, row sums exchanged.
 
-Each of ``P = config.chunks(n)`` programs owns one band of ``block_cols`` columns of every row (the grid must be
-co-resident: ``P`` at most the GPU's resident programs) and walks the rows in blocks of ``block_rows``. At step
-``t`` it loads block ``t``'s band from memory (kept in L2: ``evict_last``) and posts each row's partial sum over
-the band to ``slots[row, band]`` (the forward: ``Σ x²``; the backward: ``Σ g·x``, and it accumulates its band's
-``dweight``); then it finishes block ``t - lag``: reads that block's ``P`` slots, sums them in band order (every
-program, every run: the same total), loads the block's band again (from L2, ``lag`` blocks later) and writes the
-block's band of y (and rstd, band 0's program) or dx. So memory sees each row operand read once and each result
-written once (the forward 2 passes where the chunked path makes 3, the backward 3 for 5), and ``dweight`` needs no
-partials: each band's sum over rows, in row order, is stored by its owner (deterministic).
+The grid is ``P = config.chunks(n)`` bands × ``G = groups(config, n)`` row groups: program ``(p, g)`` owns band p
+(``block_cols`` columns) of the rows of group g, which it walks in blocks of ``block_rows`` (blocks g, g + G, ...;
+a group's P programs must be co-resident to run at speed). At step ``t`` it loads its t-th block's band from memory
+(kept in L2: ``evict_last``) and posts each row's partial sum over the band to ``slots[row, band]`` (the forward:
+``Σ x²``; the backward: ``Σ g·x``, and it accumulates its band's ``dweight``); then it finishes its block ``t - lag``:
+reads that block's ``P`` slots, sums them in band order (every program, every run: the same total), loads the
+block's band again (``lag`` blocks later) and writes the block's band of y (and rstd, band 0's program) or dx. So
+memory sees each row operand read once and each result written once (the forward 2 passes where the chunked path
+makes 3, the backward 3 for 5); ``dweight`` is each band's sum over its group's rows, in row order, stored by its
+owner (one group) or summed over the groups in group order (``kernels.reduce_dweight``): deterministic.
 
 The slots arrive filled with ``UNPOSTED`` (an int32 NaN payload no float32 arithmetic produces; a NaN partial is
 posted as the canonical NaN) and are aliased to an output, so XLA (or the torch launch route) hands the kernel a
 fresh filled buffer per call. A slot is one 32-bit store, read by volatile loads: a posted value is its own flag,
-no fence or atomic needed. Nothing needs the grid co-resident to be correct: a program that polls ``SPIN_LIMIT``
-times without seeing a block's slots complete computes the missing partials itself from memory with the owners'
-code (the same bits; only the missing bands' rows are read) and from then on never waits (later blocks: what is
-posted, the rest computed). The interpreter runs programs one after another, so there every program but the last
-takes that path. A grid that is not co-resident (more bands than the GPU holds at once, or SMs taken by other
-streams' kernels) is therefore correct but slow: the heuristics ask at most two programs per SM.
+no fence or atomic needed. Groups never wait on each other: a group that does not fit beside the others runs in a
+later wave. Nothing needs a group co-resident to be correct: a program that polls ``SPIN_LIMIT`` times without
+seeing a block's slots complete computes the missing partials itself from memory with the owners' code (the same
+bits; only the missing bands' rows are read) and from then on never waits (later blocks: what is posted, the rest
+computed). The interpreter runs programs one after another, so there every program but the last of a group takes
+that path. A group that is not co-resident (more bands than the GPU holds at once, or SMs taken by other streams'
+kernels) is therefore correct but slow: the heuristics ask at most one band per SM.
 """
 
 from __future__ import annotations

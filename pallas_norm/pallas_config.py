@@ -59,8 +59,11 @@ BWD_CHUNKED = (4096, 16, 2, False)
 # group of many rows per step keeps few programs per SM, each step a chain of dependent loads and block-wide
 # reductions: more, smaller programs hide each other's latency (ncu, tenth session: 8 warps per SM, 0.4 instructions
 # issued per cycle per scheduler, DRAM 49-55% busy in one group).
+# Bands wider than BANDS_MAX_BAND (rows beyond BANDS_MAX_BAND·SMs columns: 540672 on an H100) would hold more per
+# thread than the sweep's blocks of 4096 elements (registers, spills): such rows stay on the chunked paths.
 BANDS_MIN_COLS = 262144
 BANDS_MIN_BAND = 1024
+BANDS_MAX_BAND = 4096
 BANDS = (4096, 4, 2, True, 2)
 FWD_BANDS = (4096, 4, 2, True, 4)
 def next_pow2(v: int) -> int:
@@ -132,10 +135,10 @@ class Config:
 def heuristic(m: int, n: int, *, backward: bool) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
-    if n >= BANDS_MIN_COLS:
+    sms = backend.num_sms()
+    cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
+    if n >= BANDS_MIN_COLS and cols <= BANDS_MAX_BAND:
         elems, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
-        sms = backend.num_sms()
-        cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
         programs = cdiv(n, cols) * max(1, per_sm * sms // cdiv(n, cols))  # bands × row groups
         return fit(Config(max(1, elems // cols), cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n,
                    backward=backward)

@@ -16,7 +16,7 @@ import pallas_norm as pn
 from pallas_norm import bands, kernels, pallas_config
 from pallas_norm.pallas_config import Config
 
-from helpers import KERNEL, ON_GPU, bits, check_jax, jax_inputs, jax_vjp
+from helpers import KERNEL, bits, check_jax, jax_inputs, jax_vjp
 
 # (shape, config): ragged rows and blocks, 8 / 16 bands, lags 1-3, with and without prefetch
 CASES = [((37, 4000), Config(4, 512, 4, lag=2)), ((5, 2048), Config(2, 128, 4, lag=3, prefetch=True)),
@@ -105,13 +105,19 @@ def test_dweight_alone_and_dx_alone_match_the_full_backward():
 
 
 @pytest.mark.parametrize("backward", [False, True])
-def test_heuristic_takes_bands_for_the_longest_rows_only(backward):
-    sms = jax.devices()[0].core_count if ON_GPU else 8
-    for n in (pallas_config.BANDS_MIN_COLS, 300000):
-        config = pallas_config.heuristic(1024, n, backward=backward)
-        assert config.lag and config.chunks(n) <= sms  # a band per SM at most, in row groups:
-        assert bands.groups(config, n) * config.chunks(n) == config.programs <= (2 if backward else 4) * sms
-    assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
+def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
+    """For an H100's 132 SMs (and a GPU of 114): bands from 262144 columns, at most one per SM, in row groups; rows
+    whose bands would be wider than ``BANDS_MAX_BAND`` stay chunked."""
+    from pallas_norm import backend
+
+    for sms in (132, 114):
+        monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
+        for n in (pallas_config.BANDS_MIN_COLS, 300000):
+            config = pallas_config.heuristic(1024, n, backward=backward)
+            assert config.lag and config.chunks(n) <= sms  # a band per SM at most, in row groups:
+            assert bands.groups(config, n) * config.chunks(n) == config.programs <= (2 if backward else 4) * sms
+        assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
+        assert not pallas_config.heuristic(16, sms * pallas_config.BANDS_MAX_BAND + 1, backward=backward).lag
     assert not pallas_config.fit(Config(4, 1024, 4, lag=2), 8, 1000, backward=backward).lag  # a resident row
     with pytest.raises(ValueError, match="lag"):
         Config(1, 1024, 4, lag=-1)

@@ -27,6 +27,7 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # rows (bench/results/triton_bands_h100.md: 1.76 chunked).
 BANDS_MIN_N = 262144
 BANDS_MIN_BAND = 1024
+BANDS_MAX_BAND = 4096  # wider bands (rows beyond 4096·SMs columns) stay chunked (pallas_config.BANDS_MAX_BAND)
 BANDS_ELEMS = 4096
 BANDS_LAG = 2
 BWD_BANDS_PER_SM = 2
@@ -79,10 +80,15 @@ class Config:
         return self.block_n < n
 
 
+def _band(n: int, sms: int) -> int:
+    """Band width for rows of ``n`` columns on a GPU of ``sms`` SMs: at most one band per SM."""
+    return max(BANDS_MIN_BAND, next_pow2(-(-n // sms)))
+
+
 def _bands(n: int, sms: int, per_sm: int) -> Config:
-    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs: at most one band per SM, in row groups
-    filling ``per_sm`` programs per SM."""
-    band = max(BANDS_MIN_BAND, next_pow2(-(-n // sms)))
+    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs, in row groups filling ``per_sm`` programs
+    per SM."""
+    band = _band(n, sms)
     groups = max(1, per_sm * sms // -(-n // band))
     return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG, groups=groups)
 
@@ -92,7 +98,7 @@ def forward_config(n: int, sms: int = 132) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
     most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
     from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if n >= BANDS_MIN_N:
+    if n >= BANDS_MIN_N and _band(n, sms) <= BANDS_MAX_BAND:
         return _bands(n, sms, FWD_BANDS_PER_SM)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
@@ -111,7 +117,7 @@ def backward_config(n: int, sms: int = 132) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if n >= BANDS_MIN_N:
+    if n >= BANDS_MIN_N and _band(n, sms) <= BANDS_MAX_BAND:
         return _bands(n, sms, BWD_BANDS_PER_SM)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
