@@ -1,6 +1,7 @@
 """Long rows on column bands (``Config.lag``, ``pallas_norm/bands.py``), forward and backward: row sums exchanged
-through global memory, x (and dy) read once. On CPU the interpreter runs the programs one after another, so every program but
-the last recomputes its peers' partial sums (the fallback) and the last reads them as posted: both paths run."""
+through global memory, x (and dy) read once. On CPU the interpreter runs the programs one after another, so every
+program but the last of a row group recomputes its peers' partial sums (the fallback) and the last reads them as
+posted: both paths run."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from helpers import KERNEL, bits, check_jax, jax_inputs, jax_vjp
 
 # (shape, config): ragged rows and blocks, 8 / 16 bands, lags 1-3, with and without prefetch
 CASES = [((37, 4000), Config(4, 512, 4, lag=2)), ((5, 2048), Config(2, 128, 4, lag=3, prefetch=True)),
-         ((64, 1536), Config(8, 256, 2, lag=1, prefetch=True))]
+         ((64, 1536), Config(8, 256, 2, lag=1, prefetch=True)),
+         ((37, 4000), Config(4, 512, 4, lag=2, prefetch=True, programs=24))]  # 8 bands in 3 row groups
 
 
 @pytest.mark.parametrize("dtype,casting,offset", [(jnp.bfloat16, "llama", 0.0), (jnp.float16, "gemma", 1.0),
@@ -62,6 +64,18 @@ def test_too_few_slots_is_caught(monkeypatch):
     x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=7, scale=2.0)
     with pytest.raises(AssertionError, match="dx"):
         check_jax(x, w, dy, "interpret", eps=1e-6, bwd_config=Config(4, 512, 2, lag=2))  # a config traced only here
+
+
+def test_row_groups_give_one_groups_bits():
+    """Row groups change who walks which rows, not the row sums: y, rstd and dx are one group's bits; dweight is the
+    groups' partials summed in group order (float64 rule above)."""
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=13, scale=2.0)
+    one, grouped = Config(2, 512, 4, lag=2, prefetch=True), Config(2, 512, 4, lag=2, prefetch=True, programs=32)
+    assert bands.groups(pallas_config.fit(grouped, 37, 4000, backward=True), 4000) == 4
+    (y1, r1), (y4, r4) = (pn.rms_norm_with_rstd(x, w, impl="interpret", config=c) for c in (one, grouped))
+    np.testing.assert_array_equal(bits(y4), bits(y1))
+    np.testing.assert_array_equal(bits(r4), bits(r1))
+    np.testing.assert_array_equal(bits(_backward(x, w, dy, grouped)[0]), bits(_backward(x, w, dy, one)[0]))
 
 
 def test_forward_without_its_peers_sums_is_caught(monkeypatch):

@@ -14,7 +14,8 @@ from helpers import ON_GPU, judge, torch_inputs
 
 CASES = [((37, 4000), triton_config.Config(4, 512, 4, lag=2), torch.bfloat16, "llama", 0.0),
          ((5, 2048), triton_config.Config(2, 128, 4, lag=3), torch.float16, "gemma", 1.0),
-         ((9, 1500), triton_config.Config(8, 256, 2, lag=1), torch.float32, "none", 0.0)]
+         ((9, 1500), triton_config.Config(8, 256, 2, lag=1), torch.float32, "none", 0.0),
+         ((37, 4000), triton_config.Config(2, 512, 4, lag=2, groups=3), torch.bfloat16, "gemma", 1.0)]
 
 
 def _run(shape, config, dtype, casting, offset, seed=1, **kw):
@@ -44,6 +45,18 @@ def test_slots_read_before_they_are_posted_are_caught(monkeypatch):
     monkeypatch.setattr(triton_bands, "UNPOSTED", 0)
     failures = _run(*CASES[0], seed=2)
     assert any(f.startswith("y") for f in failures) and any("dx" in f for f in failures)
+
+
+def test_row_groups_give_one_groups_bits():
+    """Row groups change who walks which rows, not the row sums: y, rstd and dx are one group's bits (dweight: the
+    groups' partials summed in group order, held to the rule above)."""
+    x, w, dy = torch_inputs((37, 4000), torch.bfloat16, 0.0, seed=13, scale=2.0)
+    runs = []
+    for groups in (1, 4):
+        config = triton_config.Config(2, 512, 4, lag=2, groups=groups)
+        y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", config=config)
+        runs.append((y, rstd, triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, False, config=config)[0]))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_forward_rstd_and_fused_add_on_bands():
