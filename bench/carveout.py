@@ -27,7 +27,7 @@ def run(shapes=SHAPES) -> dict:
     import jax
     import torch
 
-    from pallas_norm import kernels, pallas_config
+    from pallas_norm import api, pallas_config
     from torch_bridge import launch_route
 
     rows = []
@@ -38,13 +38,12 @@ def run(shapes=SHAPES) -> dict:
         dev = x.get_device()
         forward = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, "llama", dev,
                                                 pallas_config.heuristic(m, n, backward=False))
-        if backward:
+        if backward:  # JAX runs what the API runs for this config (the band kernels' own launcher for a band config)
             launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, "llama", dev, cfg)
-            args, step = (x, w, dy, forward(x, w)[1]), jax.jit(lambda *a: kernels.backward(
-                *a, offset=0.0, casting="llama", config=cfg, interpret=False))
+            args, step = (x, w, dy, forward(x, w)[1]), jax.jit(api.backward_fn(0.0, "llama", "pallas", True, cfg))
         else:
-            launcher, args, step = forward, (x, w), jax.jit(lambda *a: kernels.forward(
-                *a, eps=timing.EPS, offset=0.0, casting="llama", config=cfg, interpret=False))
+            launcher, args = forward, (x, w)
+            step = jax.jit(api.forward_fn(timing.EPS, 0.0, "llama", "pallas", cfg))
         nbytes = (3 if backward else 2) * m * n * x.element_size()
         row = dict(mode=mode, m=m, n=n, config=repr(cfg),
                    torch_default=_tbps(nbytes, lambda: launcher(*args), timing.torch_sync))
