@@ -219,10 +219,17 @@ def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
     backend.store(dw_ref.at[cols], acc.astype(dw_ref.dtype), cmask)
 
 
+def _no_bands(config: Config) -> None:
+    if config.lag:
+        raise ValueError(f"config has lag={config.lag}: a band config runs through bands.forward/backward (the API "
+                         "dispatches on it), not these kernels")
+
+
 def forward(x, weight, *, eps: float, offset: float, casting: str, config: Config, interpret: bool,
             residual=None, h_dtype=None):
     """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)``; ``rstd`` is float32 of shape ``(m,)``. With ``residual``
     (the fused add): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and ``y`` the norm of ``h``."""
+    _no_bands(config)
     m, n = x.shape
     fused = residual is not None
     kernel = functools.partial(_fwd_kernel, m=m, n=n, eps=eps, offset=offset, casting=casting, config=config,
@@ -244,6 +251,7 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
              need_dx: bool = True, need_dw: bool = True, dh_out=None):
     """``(dx, dweight)`` for 2-D ``x``/``dy`` (``None`` for what is not needed); ``dy`` is only read. With
     ``dh_out`` (the fused add's backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``."""
+    _no_bands(config)
     m, n = x.shape
     has_weight = weight is not None
     need_dw = need_dw and has_weight

@@ -88,9 +88,8 @@ def test_forward_without_its_peers_sums_is_caught(monkeypatch):
 
 
 def _backward(x, w, dy, config, impl="interpret", **kw):
-    """``bands.backward`` on the forward's rstd: ``(dx, dweight)``."""
-    _, rstd = kernels.forward(x, w, eps=1e-6, offset=0.0, casting="llama", interpret=impl == "interpret",
-                              config=pallas_config.fit(None, *x.shape, backward=False))
+    """``bands.backward`` on the forward's rstd (the API's forward, with its heuristic): ``(dx, dweight)``."""
+    _, rstd = pn.rms_norm_with_rstd(x, w, eps=1e-6, impl=impl)
     return bands.backward(x, w, dy, rstd, offset=0.0, casting="llama", interpret=impl == "interpret",
                           config=pallas_config.fit(config, *x.shape, backward=True), **kw)
 
@@ -104,6 +103,18 @@ def test_posted_and_recomputed_sums_have_the_same_bits():
     w = w.at[-512:].set(w[:512])
     dx, _ = _backward(x, w, dy, config)
     np.testing.assert_array_equal(bits(dx[:, :512]), bits(dx[:, -512:]))
+
+
+def test_chunked_kernels_refuse_a_band_config():
+    """``kernels.forward``/``backward`` would silently run a band config's tiling on the chunked path (the bench's
+    first carveout run did): they refuse it."""
+    x, w, dy = jax_inputs((8, 4096), jnp.bfloat16, 0.0, seed=1)
+    config = pallas_config.fit(Config(4, 512, 4, lag=2), 8, 4096, backward=True)
+    with pytest.raises(ValueError, match="lag=2"):
+        kernels.forward(x, w, eps=1e-6, offset=0.0, casting="llama", config=config, interpret=True)
+    with pytest.raises(ValueError, match="lag=2"):
+        kernels.backward(x, w, dy, jnp.ones((8,), jnp.float32), offset=0.0, casting="llama", config=config,
+                         interpret=True)
 
 
 def test_dweight_alone_and_dx_alone_match_the_full_backward():
