@@ -221,24 +221,21 @@ def test_torch_launch_route_fills_the_slots_per_call():
 
     device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
     config = Config(4, 1024, 4, lag=2, prefetch=True)
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        lowered = launch_route._lower_backward(64, 262144, torch.bfloat16, torch.bfloat16, 0.0, "llama", config)
-    program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
-    (call,) = program.calls
-    assert call.name == "pallas_norm_bwd_bands" and call.grid == (256, 1, 1)
-    ((value, shape, dtype, fill),) = program.fills
-    assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
-    assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]
+    lower = {"fwd": lambda: launch_route._lower_forward(64, 262144, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama",
+                                                        config),
+             "bwd": lambda: launch_route._lower_backward(64, 262144, torch.bfloat16, torch.bfloat16, 0.0, "llama",
+                                                         config)}
+    for mode, lowering in lower.items():
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+            lowered = lowering()
+        program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
+        (call,) = program.calls
+        assert call.name == f"pallas_norm_{mode}_bands" and call.grid == (256, 1, 1)
+        ((value, shape, dtype, fill),) = program.fills
+        assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
+        assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]
     module = lowered.compiler_ir("stablehlo")
     main = next(op for op in module.body.operations if op.attributes["sym_name"].value == "main")
     op = next(op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call")
     with pytest.raises(launch_route.UnsupportedProgram, match="writing into an input"):
         launch_route._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        lowered = launch_route._lower_forward(64, 262144, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama", config)
-    program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
-    (call,) = program.calls
-    assert call.name == "pallas_norm_fwd_bands" and call.grid == (256, 1, 1)
-    ((value, shape, dtype, fill),) = program.fills
-    assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
-    assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]

@@ -93,6 +93,18 @@ def _post(SLOT, rows, row_mask, S, pid, part):
 
 
 @triton.jit
+def _lagged(SLOT, rows, M, pcols, P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, LAG: tl.constexpr,
+            BLOCK_M: tl.constexpr):
+    """The row block ``LAG`` steps behind ``rows``: ``(rows_b, row_mask_b, slot_mask, posted)``, its slots read
+    (volatile) now, so they are in flight during the current block's math."""
+    rows_b = rows - LAG * G * BLOCK_M
+    row_mask_b = (rows_b >= 0) & (rows_b < M)
+    slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
+    posted = tl.load(SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :], mask=slot_mask, other=0, volatile=True)
+    return rows_b, row_mask_b, slot_mask, posted
+
+
+@triton.jit
 def _totals(X, B, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P: tl.constexpr,
             S: tl.constexpr, BLOCK_N: tl.constexpr, FORWARD: tl.constexpr, HAS_WEIGHT: tl.constexpr,
             HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
@@ -136,11 +148,8 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
         row_mask = rows < M
         x = _band_rows(X, R, rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :],
                        HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
-        rows_b = rows - LAG * G * BLOCK_M  # block t - LAG: its slots and its band again (L2), in flight meanwhile
-        row_mask_b = (rows_b >= 0) & (rows_b < M)
-        slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
-        posted = tl.load(SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :], mask=slot_mask, other=0,
-                         volatile=True)
+        # block t - LAG: its slots and its band again (L2), in flight meanwhile
+        rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
         offs_b = rows_b.to(tl.int64)[:, None] * N + cols[None, :]
         mask_b = row_mask_b[:, None] & col_mask[None, :]
         x_b = _band_rows(X, R, offs_b, mask_b, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_first")
@@ -181,11 +190,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
         x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         if NEED_DX:  # block t - LAG: its slots (in flight during block t's math) and its band again (L2)
-            rows_b = rows - LAG * G * BLOCK_M
-            row_mask_b = (rows_b >= 0) & (rows_b < M)
-            slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
-            slot_ptr = SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :]
-            posted = tl.load(slot_ptr, mask=slot_mask, other=0, volatile=True)
+            rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
             offs_b = rows_b.to(tl.int64)[:, None] * N + cols[None, :]
             mask_b = row_mask_b[:, None] & col_mask[None, :]
             x_b = tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first").to(CT)

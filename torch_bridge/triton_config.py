@@ -85,10 +85,12 @@ def _band(n: int, sms: int) -> int:
     return max(BANDS_MIN_BAND, next_pow2(-(-n // sms)))
 
 
-def _bands(n: int, sms: int, per_sm: int) -> Config:
+def _bands(n: int, sms: int, per_sm: int) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs, in row groups filling ``per_sm`` programs
-    per SM."""
+    per SM; None where rows take no bands (shorter than ``BANDS_MIN_N``, or bands wider than ``BANDS_MAX_BAND``)."""
     band = _band(n, sms)
+    if n < BANDS_MIN_N or band > BANDS_MAX_BAND:
+        return None
     groups = max(1, per_sm * sms // -(-n // band))
     return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG, groups=groups)
 
@@ -98,8 +100,8 @@ def forward_config(n: int, sms: int = 132) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
     most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
     from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if n >= BANDS_MIN_N and _band(n, sms) <= BANDS_MAX_BAND:
-        return _bands(n, sms, FWD_BANDS_PER_SM)
+    if (bands := _bands(n, sms, FWD_BANDS_PER_SM)) is not None:
+        return bands
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
@@ -117,8 +119,8 @@ def backward_config(n: int, sms: int = 132) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if n >= BANDS_MIN_N and _band(n, sms) <= BANDS_MAX_BAND:
-        return _bands(n, sms, BWD_BANDS_PER_SM)
+    if (bands := _bands(n, sms, BWD_BANDS_PER_SM)) is not None:
+        return bands
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
