@@ -3,7 +3,7 @@
     python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b]
                             [--no-small | --small-only] [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...]
-                          [--modes both|fwd|bwd] [--out DIR]
+                          [--modes both|fwd|bwd] [--bands-only] [--carveout PCT] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
     python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
@@ -89,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=None,
                            help="comma-separated: pallas (Triton lowering), mosaic, triton (default: all)")
             s.add_argument("--modes", default="both", choices=["both", "fwd", "bwd"], help="directions swept")
+            s.add_argument("--bands-only", action="store_true",
+                           help="Pallas (Triton lowering): the heuristic's config, the band heuristic's and the carried "
+                                "band configs alone")
+            s.add_argument("--carveout", type=int, default=None, metavar="PCT",
+                           help="also time the Pallas (Triton lowering) kernels at this shared-memory carveout "
+                                "(100: XLA's launch)")
         if name == "suite":
             small = s.add_mutually_exclusive_group()
             small.add_argument("--no-small", action="store_true", help="skip the small-call latency table")
@@ -186,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         modes = ("fwd", "bwd") if args.modes == "both" else (args.modes,)
         result = sweep.run(args.shapes or (sweep.QUICK_SHAPES if args.quick else sweep.SHAPES), args.dtype,
-                           args.casting, args.quick, kernels, modes)
+                           args.casting, args.quick, kernels, modes, args.bands_only, args.carveout)
         tag = ("" if args.kernels is None else "_" + "_".join(kernels)) + ("" if len(modes) == 2 else "_" + modes[0])
+        tag += "_bands" * args.bands_only + ("" if args.carveout is None else f"_carveout{args.carveout}")
         return _write(sweep, result,
                       out / f"sweep_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_{args.casting}{tag}")
     from bench import suite

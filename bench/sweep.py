@@ -22,6 +22,7 @@ from bench import ptxas, timing
 from pallas_norm import backend, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
+BAND_CANDIDATE_COLS = 32768  # below the heuristic's bands (BANDS_MIN_COLS), long rows also sweep band configs
 SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 4096), (32768, 5120), (32768, 8192),
           (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
@@ -29,14 +30,26 @@ KERNELS = ("pallas", "mosaic", "triton")
 MODES = ("fwd", "bwd")
 
 
-def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_config.Config | None]:
+def pallas_configs(m: int, n: int, backward: bool, quick: bool,
+                   bands_only: bool = False) -> list[pallas_config.Config | None]:
     """The heuristic's config (None) and alternatives around it: rows per program × warps (× prefetch for the
     backward) for resident rows; chunk width × warps × prefetch (× persistent grid size for the forward) for
-    long rows."""
+    long rows, and band configs from ``BAND_CANDIDATE_COLS`` columns (``bands_only``: the heuristic's, the band
+    heuristic's and ``carry_configs`` alone)."""
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
+    torch_base = pallas_config.heuristic(m, n, backward=backward, launcher="torch")
+    first = [None] + [torch_base] * (torch_base != base)  # JAX's heuristic, and the torch launch route's
+    if base.lag and bands_only:
+        return first + [c for c in carry_configs(base, n, backward) if c != torch_base]
     if base.lag:  # column bands: band × rows × warps × lag × prefetch × row groups, and the chunked path
-        return [None] + band_configs(base, n, backward, quick)
+        return first + [c for c in band_configs(base, n, backward, quick) if c != torch_base]
+    extra = []
+    if n >= BAND_CANDIDATE_COLS:  # long rows on the chunked path (or Mosaic): bands in row groups as candidates
+        banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)
+        extra = [banded] + carry_configs(banded, n, backward)
+    if bands_only:
+        return [None] + extra
     if base.resident(n):
         rows = (1, 2) if quick else (1, 2, 4, 8, 16) if base.block_cols <= 2048 else (1, 2, 4)
         warps = (8, 16) if quick else (4, 8, 16, 32)
@@ -56,7 +69,20 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool) -> list[pallas_c
                      for w, p in itertools.product((16, 32), (sms // 2, sms, 4 * sms))]
     configs = [dataclasses.replace(base, **g) for g in grid]
     return [None] + [c for c in configs if c.block_rows * c.block_cols >= 32 * c.num_warps
-                     and c.block_rows * c.block_cols <= 32768]
+                     and c.block_rows * c.block_cols <= 32768] + extra
+
+
+def carry_configs(base: pallas_config.Config, n: int, backward: bool) -> list[pallas_config.Config]:
+    """Band configs whose last ``lag`` blocks stay in registers (``carry``) instead of being read again, and
+    ``base`` with ``carry`` flipped: band width × rows × lag × programs per SM (row groups filling 2, 4 or 8
+    programs per SM; 4 warps, prefetch)."""
+    sms = backend.num_sms()
+    grid = [(c, r, k, p) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2), (2, 4, 8))
+            if c * r <= 4096 and (k == 2 or r == 1)]
+    configs = [dataclasses.replace(base, block_cols=c, block_rows=r, num_warps=4, lag=k, prefetch=True, carry=True,
+                                   programs=-(-n // c) * max(1, p * sms // -(-n // c))) for c, r, k, p in grid]
+    configs.append(dataclasses.replace(base, carry=not base.carry))
+    return [c for c in dict.fromkeys(configs) if c != base]
 
 
 def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool) -> list[pallas_config.Config]:
@@ -82,7 +108,7 @@ def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool
         cols, warps, _, prefetch = pallas_config.FWD_CHUNKED
         chunked = [pallas_config.Config(1, cols, warps, prefetch=prefetch)]
     configs = list(dict.fromkeys(make(*g) for g in (grid[::3] if quick else grid)))
-    return [c for c in configs if c != base] + chunked
+    return [c for c in configs if c != base] + carry_configs(base, n, backward)[:2 if quick else None] + chunked
 
 
 def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
@@ -163,17 +189,19 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
 
 
 def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas",
-                 modes: tuple[str, ...] = MODES) -> list[dict]:
+                 modes: tuple[str, ...] = MODES, bands_only: bool = False, carveout: int | None = None) -> list[dict]:
     """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
     are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver
     (Triton lowering) or ptxas's report (Mosaic GPU, with the CTAs per SM those registers allow against those the
-    plan's persistent grid asks for). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``."""
+    plan's persistent grid asks for). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``. With
+    ``carveout`` the Triton lowering's kernels are timed again with that shared-memory carveout (XLA's launch sets
+    the most shared memory: ``bench carveout``), as ``tbps_carveout``."""
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     dev = x.get_device()
     rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
     rows = []
     for backward in _directions(modes):
-        configs = (pallas_configs(m, n, backward, quick) if kernel == "pallas" else
+        configs = (pallas_configs(m, n, backward, quick, bands_only) if kernel == "pallas" else
                    mosaic_configs(m, n, x.element_size(), backward, quick))
         for cfg in configs:
             if cfg is None:  # the kernel family's own heuristic (None would let ``auto`` pick the lowering)
@@ -199,6 +227,12 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
                 continue
             print(f"sweep: {kernel} {m}x{n} {row['mode']} {row['config']}: {row['tbps']:.2f} TB/s", file=sys.stderr,
                   flush=True)
+            if carveout is not None and kernel == "pallas":
+                for k in launcher.kernels:
+                    k.set_carveout(carveout)
+                row["tbps_carveout"] = timing.tbps(row["mode"], m, n, x.element_size(), timing.time_torch(call))
+                for k in launcher.kernels:  # the launchers are cached: later users get the default back
+                    k.set_carveout(-1)
             main = [k for k in launcher.kernels if "reduce" not in getattr(k, "name", "")][-1]  # not dweight's sum
             if hasattr(main, "registers"):
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
@@ -230,6 +264,8 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
         name = f"heuristic: {cfg!r}"
     elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward):
         name = f"heuristic: {cfg!r}"
+    elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward, launcher="torch"):
+        name = f"torch launch route's heuristic: {cfg!r}"
     elif cfg is None:
         heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
                      _triton_heuristic(n, backward))
@@ -248,34 +284,41 @@ def _directions(modes: tuple[str, ...]) -> list[bool]:
 
 
 def run(shapes, dtype: str, casting: str, quick: bool, kernels: tuple[str, ...] = KERNELS,
-        modes: tuple[str, ...] = MODES) -> dict:
+        modes: tuple[str, ...] = MODES, bands_only: bool = False, carveout: int | None = None) -> dict:
     tdt = getattr(torch, dtype)
     copy = timing.copy_tbps()
     rows = []
     for m, n in shapes:
         for kernel in kernels:
             rows += (_triton_rows(m, n, tdt, casting, quick, modes) if kernel == "triton" else
-                     _pallas_rows(m, n, tdt, casting, quick, kernel, modes))
+                     _pallas_rows(m, n, tdt, casting, quick, kernel, modes, bands_only, carveout))
         torch.cuda.empty_cache()
-    return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows)
+    return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows, carveout=carveout)
 
 
 def markdown(result: dict) -> str:
-    env, rows = result["env"], result["rows"]
+    env, rows, carveout = result["env"], result["rows"], result.get("carveout")
+    extra = ("", "") if carveout is None else (f" TB/s at carveout {carveout} |", "---|")
     out = [f"# Tiling sweep: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · copy "
-           f"{env['copy_tbps']:.2f} TB/s (this run). Made by `python -m bench sweep`; ★ fastest per group.", "",
-           "| kernel | mode | M×N | config | µs | TB/s | % of copy | main kernel |", "|---|---|---|---|---|---|---|---|"]
+           f"{env['copy_tbps']:.2f} TB/s (this run). Made by `python -m bench sweep`; ★ fastest per group"
+           + ("." if carveout is None else f", ☆ fastest at carveout {carveout} (XLA's launch, `bench carveout`)."),
+           "", "| kernel | mode | M×N | config | µs | TB/s | % of copy |" + extra[0] + " main kernel |",
+           "|---|---|---|---|---|---|---|" + extra[1] + "---|"]
     for key, group in itertools.groupby(rows, key=lambda r: (r["kernel"], r["mode"], r["m"], r["n"])):
         group = list(group)
         timed = [r for r in group if "tbps" in r]
         best = max(timed, key=lambda r: r["tbps"]) if timed else None
+        at_carveout = [r for r in timed if "tbps_carveout" in r]
+        best_carveout = max(at_carveout, key=lambda r: r["tbps_carveout"]) if at_carveout else None
         for r in group:
             if "tbps" not in r:
                 out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']} | – | – | – | "
-                           f"{r['error']} |")
+                           + "– | " * (carveout is not None) + f"{r['error']} |")
                 continue
-            out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']}{' ★' if r is best else ''}"
-                       f" | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / env['copy_tbps']:.0f}% |"
+            marks = " ★" * (r is best) + " ☆" * (r is best_carveout)
+            cell = "" if carveout is None else f" {r['tbps_carveout']:.2f} |" if "tbps_carveout" in r else " – |"
+            out.append(f"| {r['kernel']} | {r['mode']} | {r['m']}×{r['n']} | {r['config']}{marks}"
+                       f" | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / env['copy_tbps']:.0f}% |{cell}"
                        f" {r.get('resources', '')} |")
     return "\n".join(out) + "\n"

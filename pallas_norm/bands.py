@@ -6,16 +6,17 @@ a group's P programs must be co-resident to run at speed). At step ``t`` it load
 (kept in L2: ``evict_last``) and posts each row's partial sum over the band to ``slots[row, band]`` (the forward:
 ``Σ x²``; the backward: ``Σ g·x``, and it accumulates its band's ``dweight``); then it finishes its block ``t - lag``:
 reads that block's ``P`` slots, sums them in band order (every program, every run: the same total), loads the
-block's band again (``lag`` blocks later) and writes the block's band of y (and rstd, band 0's program) or dx. So
+block's band again (``lag`` blocks later: L1 or L2), or with ``config.carry`` takes it from registers (the last
+``lag`` blocks carried through the loop), and writes the block's band of y (and rstd, band 0's program) or dx. So
 memory sees each row operand read once and each result written once (the forward 2 passes where the chunked path
 makes 3, the backward 3 for 5); ``dweight`` is each band's sum over its group's rows, in row order, stored by its
 owner (one group) or summed over the groups in group order (``kernels.reduce_dweight``): deterministic.
 
 The slots arrive filled with ``UNPOSTED`` (an int32 NaN payload no float32 arithmetic produces; a NaN partial is
 posted as the canonical NaN) and are aliased to an output, so XLA (or the torch launch route) hands the kernel a
-fresh filled buffer per call. A slot is one 32-bit store, read by volatile loads: a posted value is its own flag,
-no fence or atomic needed. Groups never wait on each other: a group that does not fit beside the others runs in a
-later wave. Nothing needs a group co-resident to be correct: a program that polls ``SPIN_LIMIT`` times without
+fresh filled buffer per call (``slot_width`` slots per row: never fewer than a program's threads). A slot is one
+32-bit store, read by volatile loads: a posted value is its own flag, no fence or atomic needed. Groups never wait on
+each other: a group that does not fit beside the others runs in a later wave. Nothing needs a group co-resident to be correct: a program that polls ``SPIN_LIMIT`` times without
 seeing a block's slots complete computes the missing partials itself from memory with the owners' code (the same
 bits; only the missing bands' rows are read) and from then on never waits (later blocks: what is posted, the rest
 computed). The interpreter runs programs one after another, so there every program but the last of a group takes
@@ -41,11 +42,20 @@ from .rounding import rounder
 UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF)
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
 INTERPRET_SPIN_LIMIT = 0
+WARP = 32  # threads per warp (NVIDIA)
+
+
+def slot_width(bands: int, block_rows: int, num_warps: int) -> int:
+    """Slots per row: the band count padded to a power of two, and to at least one slot per thread over a block's
+    rows (the padding is never posted; reads mask it). A slot tile smaller than the program's threads is held in
+    replicas, each loaded by its own thread at its own time: polled slots then differ between the replicas, the
+    program's "all posted" test and its sum disagree, and rows came out NaN (H100: 512×65536 in 16 row groups)."""
+    return max(next_pow2(bands), next_pow2(cdiv(WARP * num_warps, block_rows)))
 
 
 def slot_cols(config: Config, n: int) -> int:
-    """Slots per row: the band count padded to a power of two (the padding is never posted nor read)."""
-    return next_pow2(config.chunks(n))
+    """``slot_width`` for a band config."""
+    return slot_width(config.chunks(n), config.block_rows, config.num_warps)
 
 
 def groups(config: Config, n: int) -> int:
@@ -126,27 +136,42 @@ def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt):
     return pid, cols, cmask, _weight(w_ref, cols, cmask, offset, casting, dt)
 
 
+def _first_read(config: Config) -> str:
+    """The cache policy of a band's first read: kept in L2 for the second (``evict_last``), or streamed when the
+    tiles are carried to their finish (``evict_first``)."""
+    return "evict_first" if config.carry else "evict_last"
+
+
+def _enqueue(queue: tuple, tiles) -> tuple:
+    """The carried blocks after step t: block t's tiles first, block t - lag's (finished at step t) dropped."""
+    return (tiles, *queue[:-1])
+
+
 def _walk_bands(m: int, n: int, config: Config, lag: int, fetch, start, finish, ex, acc_cols: int | None = None):
     """``acc = start(t, fetch(t), acc)`` for every row block t (``acc``: float32 zeros of ``(acc_cols,)`` at first,
-    None without ``acc_cols``), and ``finish(t - lag, posted, alone)`` after it (``lag`` 0: no finishing); block
-    t - lag's slots are read before block t's math (in flight meanwhile). With ``config.prefetch`` block t + 1 is
-    fetched first. Returns ``acc``."""
+    None without ``acc_cols``), and ``finish(t - lag, tiles, posted, alone)`` after it (``lag`` 0: no finishing;
+    ``tiles``: block t - lag's, carried in registers since its fetch with ``config.carry``, else None: finish loads
+    them again); block t - lag's slots are read before block t's math (in flight meanwhile). With
+    ``config.prefetch`` block t + 1 is fetched first. Returns ``acc``."""
+    carry = config.carry and lag > 0
 
     def body(t, state):
-        tiles, acc, alone = state
+        tiles, queue, acc, alone = state
         nxt = fetch(t + 1) if config.prefetch else None
         if not config.prefetch:
             tiles = fetch(t)
         posted = ex.read(t - lag) if lag else None
         acc = start(t, tiles, acc)
         if lag:
-            alone = finish(t - lag, posted, alone)
-        return nxt, acc, alone
+            alone = finish(t - lag, queue[-1] if carry else None, posted, alone)
+        return nxt, _enqueue(queue, tiles) if carry else (), acc, alone
 
     first = fetch(0) if config.prefetch else None
+    zeros = jax.tree.map(jnp.zeros_like, first if config.prefetch else fetch(0)) if carry else None
+    queue = (zeros,) * lag if carry else ()  # blocks -lag .. -1: never finished
     acc = None if acc_cols is None else jnp.zeros((acc_cols,), F32)
     steps = cdiv(cdiv(m, config.block_rows), groups(config, n))
-    return lax.fori_loop(0, steps + lag, body, (first, acc, jnp.bool_(False)))[1]
+    return lax.fori_loop(0, steps + lag, body, (first, queue, acc, jnp.bool_(False)))[2]
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, has_residual, interpret):
@@ -183,7 +208,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
     ex = _exchange(slots_ref, partial_sq, rows_of, n=n, config=config, interpret=interpret)
 
     def fetch(t):
-        return band(*rows_of(t), cols, cmask, "evict_last")
+        return band(*rows_of(t), cols, cmask, _first_read(config))
 
     def start(t, tiles, acc):
         rows, rmask = rows_of(t)
@@ -191,9 +216,9 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
         ex.post(rows, rmask, jnp.sum(h32 * h32, axis=1))
         return acc
 
-    def finish(u, posted, alone):
+    def finish(u, tiles, posted, alone):
         rows, rmask = rows_of(u)
-        tiles = band(rows, rmask, cols, cmask, "evict_first")
+        tiles = band(rows, rmask, cols, cmask, "evict_first") if tiles is None else tiles
         total, alone = ex.totals(u, posted, alone)
         rstd = _rstd(total, n, eps)
         h32 = row(tiles)
@@ -238,9 +263,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     ex = _exchange(slots_ref, partial_gx, rows_of, n=n, config=config, interpret=interpret) if need_dx else None
 
     def fetch(t):
-        """Block ``t``'s band of x and dy, and its rstd, from memory (kept in L2 for the second read)."""
+        """Block ``t``'s band of x and dy, and its rstd, from memory (kept in L2 for a second read)."""
         rows, rmask = rows_of(t)
-        return (*band(rows, rmask, cols, cmask, "evict_last"), backend.load(rstd_ref.at[rows], rmask))
+        return (*band(rows, rmask, cols, cmask, _first_read(config)), backend.load(rstd_ref.at[rows], rmask))
 
     def start(t, tiles, dw):
         """Block ``t``: its ``dweight`` terms, and its rows' partial sums posted."""
@@ -253,11 +278,15 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             ex.post(rows, rmask, sum_gx(x_raw, dy_raw, w_eff))
         return dw
 
-    def finish(u, posted, alone):
-        """Block ``u``: its ``dx`` from the band read again (L2) and the rows' totals."""
+    def finish(u, tiles, posted, alone):
+        """Block ``u``: its ``dx`` from the band (carried, or read again: L1 or L2) and the rows' totals."""
         rows, rmask = rows_of(u)
-        x_raw, dy_raw = band(rows, rmask, cols, cmask, "evict_first")
-        rstd = backend.load(rstd_ref.at[rows], rmask)[:, None]
+        if tiles is None:
+            x_raw, dy_raw = band(rows, rmask, cols, cmask, "evict_first")
+            rstd = backend.load(rstd_ref.at[rows], rmask)
+        else:
+            x_raw, dy_raw, rstd = tiles
+        rstd = rstd[:, None]
         total, alone = ex.totals(u, posted, alone)
         x32, dy32 = x_raw.astype(F32), dy_raw.astype(F32)
         dx = rowmath.grad_input(x32, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt)), rstd, total[:, None],

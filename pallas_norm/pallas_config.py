@@ -64,8 +64,19 @@ BWD_CHUNKED = (4096, 16, 2, False)
 BANDS_MIN_COLS = 262144
 BANDS_MIN_BAND = 1024
 BANDS_MAX_BAND = 4096
-BANDS = (4096, 4, 2, True, 2)
-FWD_BANDS = (4096, 4, 2, True, 4)
+# Then (elements per row block, warps, lag, prefetch, programs per SM, carry).
+# XLA launches every kernel with dynamic shared memory at the most shared memory (``bench carveout``), which leaves
+# L1 too small for the band's second read: the same band kernels lose 12-16% under JAX. Carrying the last ``lag``
+# blocks in registers (``Config.carry``) needs no second read, at more registers per program. Sweep (H100, bf16,
+# 1024×262144, eleventh session, bench/results/sweep_h100_bfloat16_llama_pallas_bands_carveout100.md, each config
+# timed at the default carveout and at XLA's): the forward on 2048-column bands of one row, carried, 4 groups, 2.52
+# TB/s at both, against 2.72 / 2.29 for FWD_BANDS reading again: JAX's forward takes XLA_FWD_BANDS, the torch launch
+# route (default carveout) FWD_BANDS. Same bits either way (tests). The backward: carried at best 2.30 (1-row blocks
+# of 1024 columns) against 2.28 under XLA's carveout and 2.60 at the default: BANDS for both.
+BANDS = (4096, 4, 2, True, 2, False)
+FWD_BANDS = (4096, 4, 2, True, 4, False)
+XLA_FWD_BANDS = (2048, 4, 2, True, 4, True)
+LAUNCHERS = ("xla", "torch")
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
@@ -98,7 +109,8 @@ class Config:
     and exchange row sums through global memory, a block finished ``lag`` row blocks after its sums were posted
     (``bands.py``: x and dy read from memory once); ``programs`` is then the band count times the row groups
     (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
-    at once to run at speed.
+    at once to run at speed; ``carry`` (bands): the last ``lag`` blocks' tiles stay in registers until they are
+    finished instead of being loaded again (from L1 or L2: no second read, more live registers).
     """
 
     block_rows: int
@@ -109,6 +121,7 @@ class Config:
     prefetch: bool = False
     reload_weight: bool = False
     lag: int = 0
+    carry: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -118,7 +131,7 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        for flag in ("prefetch", "reload_weight"):
+        for flag in ("prefetch", "reload_weight", "carry"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
@@ -132,16 +145,14 @@ class Config:
         return self.chunks(n) == 1
 
 
-def heuristic(m: int, n: int, *, backward: bool) -> Config:
-    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
+def heuristic(m: int, n: int, *, backward: bool, launcher: str = "xla") -> Config:
+    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``launcher``: who
+    launches the kernel, XLA (JAX; the torch DLPack route) or the torch launch route (``"torch"``), which differ in
+    the L1 they leave the band forward (the configs they get give the same bits)."""
     n_pad = next_pow2(n)
-    sms = backend.num_sms()
-    cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
-    if n >= BANDS_MIN_COLS and cols <= BANDS_MAX_BAND:
-        elems, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
-        programs = cdiv(n, cols) * max(1, per_sm * sms // cdiv(n, cols))  # bands × row groups
-        return fit(Config(max(1, elems // cols), cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n,
-                   backward=backward)
+    banded = bands_config(m, n, backward=backward, launcher=launcher)
+    if banded is not None:
+        return banded
     if n_pad > MAX_RESIDENT_COLS:
         cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
         programs = _grid(per_sm, cdiv(n, cols), backward)
@@ -159,6 +170,24 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight),
                m, n, backward=True)
+
+
+def bands_config(m: int, n: int, *, backward: bool, min_cols: int = BANDS_MIN_COLS,
+                 launcher: str = "xla") -> Config | None:
+    """The heuristic's band config for an ``(m, n)`` launch (``BANDS``, ``FWD_BANDS`` or ``XLA_FWD_BANDS``), or None
+    where rows are shorter than ``min_cols`` or a band would be wider than ``BANDS_MAX_BAND`` (the bench passes a
+    lower ``min_cols`` to time bands where the heuristic does not take them)."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    sms = backend.num_sms()
+    cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
+    if n < min_cols or cols > BANDS_MAX_BAND:
+        return None
+    table = BANDS if backward else XLA_FWD_BANDS if launcher == "xla" else FWD_BANDS
+    elems, warps, lag, prefetch, per_sm, carry = table
+    programs = cdiv(n, cols) * max(1, per_sm * sms // cdiv(n, cols))  # bands × row groups
+    return fit(Config(max(1, elems // cols), cols, warps, programs=programs, prefetch=prefetch, lag=lag, carry=carry),
+               m, n, backward=backward)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

@@ -5,6 +5,7 @@ posted: both paths run."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -19,10 +20,13 @@ from pallas_norm.pallas_config import Config
 
 from helpers import KERNEL, bits, check_jax, jax_inputs, jax_vjp
 
-# (shape, config): ragged rows and blocks, 8 / 16 bands, lags 1-3, with and without prefetch
+# (shape, config): ragged rows and blocks, 8 / 16 bands, lags 1-3, with and without prefetch, tiles read again or
+# carried to their finish
 CASES = [((37, 4000), Config(4, 512, 4, lag=2)), ((5, 2048), Config(2, 128, 4, lag=3, prefetch=True)),
          ((64, 1536), Config(8, 256, 2, lag=1, prefetch=True)),
-         ((37, 4000), Config(4, 512, 4, lag=2, prefetch=True, programs=24))]  # 8 bands in 3 row groups
+         ((37, 4000), Config(4, 512, 4, lag=2, prefetch=True, programs=24)),  # 8 bands in 3 row groups
+         ((37, 4000), Config(4, 512, 4, lag=2, carry=True)),
+         ((37, 4000), Config(2, 512, 4, lag=3, prefetch=True, programs=24, carry=True))]
 
 
 @pytest.mark.parametrize("dtype,casting,offset", [(jnp.bfloat16, "llama", 0.0), (jnp.float16, "gemma", 1.0),
@@ -76,6 +80,40 @@ def test_row_groups_give_one_groups_bits():
     np.testing.assert_array_equal(bits(y4), bits(y1))
     np.testing.assert_array_equal(bits(r4), bits(r1))
     np.testing.assert_array_equal(bits(_backward(x, w, dy, grouped)[0]), bits(_backward(x, w, dy, one)[0]))
+
+
+def test_carried_tiles_give_the_read_again_bits():
+    """Carrying a block's tiles to its finish changes where they come from, not the values: y, rstd, h of the fused
+    add, dx and dweight are the bits of the kernels that read the band again."""
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=14, scale=2.0)
+    res = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=15)[0]
+    again, carried = Config(2, 512, 4, lag=2, prefetch=True), Config(2, 512, 4, lag=2, prefetch=True, carry=True)
+    outs = [(*pn.rms_norm_with_rstd(x, w, impl="interpret", config=c), *pn.rms_norm_add(x, res, w, impl="interpret",
+                                                                                      config=c),
+             *_backward(x, w, dy, c)) for c in (again, carried)]
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(bits(b), bits(a))
+
+
+def test_carried_tiles_out_of_order_are_caught(monkeypatch):
+    """The rule catches a carry that finishes the wrong block's tiles (the newest instead of the oldest: block
+    t - 1's values written into block t - lag's rows)."""
+    monkeypatch.setattr(bands, "_enqueue", lambda queue, tiles: (*queue[1:], tiles))
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=16, scale=2.0)
+    with pytest.raises(AssertionError, match="y"):  # a config traced only here
+        check_jax(x, w, dy, "interpret", eps=1e-6, config=Config(4, 512, 2, lag=3, carry=True))
+
+
+def test_slot_tiles_hold_a_slot_per_thread():
+    """A block's slot tile (``block_rows`` × slots per row) is never smaller than its program's threads, so no slot is
+    polled by two threads (replicas can disagree: NaN rows on the H100, see ``slot_width``); the band count alone
+    (the old width) is not enough for 64 bands of one row on 4 warps."""
+    for bands_, rows, warps in ((64, 1, 4), (32, 2, 4), (3, 1, 1), (128, 2, 4), (300, 1, 8), (16, 64, 2)):
+        width = bands.slot_width(bands_, rows, warps)
+        assert width >= bands_ and width & (width - 1) == 0 and width * rows >= bands.WARP * warps
+    assert pallas_config.next_pow2(64) * 1 < bands.WARP * 4  # the old width, broken for the first layout
+    config = pallas_config.fit(Config(1, 1024, 4, lag=1, programs=1024), 512, 65536, backward=False)
+    assert bands.slot_cols(config, 65536) == 128 and bands._slots(512, 65536, config).shape == (512, 128)
 
 
 def test_forward_without_its_peers_sums_is_caught(monkeypatch):
@@ -148,6 +186,24 @@ def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
         Config(1, 1024, 4, lag=-1)
 
 
+def test_band_forward_carries_under_xla_and_reads_again_under_torch(monkeypatch):
+    """JAX's band forward carries its blocks (XLA's launch leaves too little L1 for the second read); the torch launch
+    route lowers the read-again config instead (the same bits: ``test_carried_tiles_give_the_read_again_bits``), and
+    JAX's own config everywhere else."""
+    from pallas_norm import backend
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    xla, torch_route = (pallas_config.heuristic(1024, 262144, backward=False, launcher=k) for k in ("xla", "torch"))
+    assert xla.carry and not torch_route.carry and xla.lag and torch_route.lag
+    assert launch_route._launch_config(1024, 262144, False, None) == torch_route
+    assert launch_route._launch_config(1024, 262144, True, None) is None  # the backward: one config for both
+    assert launch_route._launch_config(32768, 4096, False, None) is None
+    assert launch_route._launch_config(1024, 262144, False, xla) == xla  # a config passed is kept
+    with pytest.raises(ValueError, match="launcher"):
+        pallas_config.heuristic(1024, 262144, backward=False, launcher="cuda")
+
+
 # ---------------------------------------------------------------- GPU
 gpu = pytest.mark.gpu
 
@@ -160,6 +216,46 @@ def test_gpu_bands_match_float64_rule(shape, dtype):
     assert pallas_config.heuristic(*shape, backward=True).lag and pallas_config.heuristic(*shape, backward=False).lag
     x, w, dy = jax_inputs(shape, dtype, 0.0, seed=1)
     check_jax(x, w, dy, KERNEL, eps=1e-6)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(256, 262144), (512, 65536)])
+def test_gpu_carried_bands_match_float64_rule_and_read_again_bits(shape):
+    """Bands whose blocks are carried to their finish in registers (``carry``; row groups, lag 1 and 2): the float64
+    rule, and the bits of the same layout reading the band again."""
+    x, w, dy = jax_inputs(shape, jnp.bfloat16, 0.0, seed=9)
+    for cols, rows, lag, per_sm in ((2048, 2, 2, 4), (1024, 1, 1, 8)):
+        carried = Config(rows, cols, 4, lag=lag, prefetch=True, carry=True,
+                         programs=-(-shape[1] // cols) * max(1, per_sm * 132 // -(-shape[1] // cols)))
+        check_jax(x, w, dy, KERNEL, eps=1e-6, config=carried, bwd_config=carried)
+        again = dataclasses.replace(carried, carry=False)
+        outs = [(*pn.rms_norm_with_rstd(x, w, eps=1e-6, impl=KERNEL, config=c), *_backward(x, w, dy, c, impl=KERNEL))
+                for c in (again, carried)]
+        for a, b in zip(*outs, strict=True):
+            np.testing.assert_array_equal(bits(b), bits(a))
+
+
+SMALL_SLOT_TILES = [Config(1, 1024, 4, lag=1, prefetch=True, programs=1024), Config(2, 2048, 4, lag=2, prefetch=True,
+                                                                                 programs=512)]
+
+
+@gpu
+@pytest.mark.parametrize("config", SMALL_SLOT_TILES, ids=repr)
+def test_gpu_slot_tiles_smaller_than_the_threads_match_float64_rule(config):
+    """64 bands of one row (32 of two) on 4 warps, 16 row groups: without padding, the slot tile (64 slots) is held
+    in replicas by 128 threads, polled at different times; that gave NaN rows in y, rstd and dx (H100)."""
+    x, w, dy = jax_inputs((512, 65536), jnp.bfloat16, 0.0, seed=10)
+    check_jax(x, w, dy, KERNEL, eps=1e-6, config=config, bwd_config=config)
+
+
+@gpu
+def test_gpu_replicated_slot_tiles_are_caught(monkeypatch):
+    """The rule above catches the old width (the band count alone: replicated slot tiles)."""
+    monkeypatch.setattr(bands, "slot_width", lambda bands_, rows, warps: pallas_config.next_pow2(bands_))
+    x, w, dy = jax_inputs((512, 65536), jnp.bfloat16, 0.0, seed=11)
+    config = dataclasses.replace(SMALL_SLOT_TILES[0], num_stages=1)  # a config traced only here
+    with pytest.raises(AssertionError, match="y"):
+        check_jax(x, w, dy, KERNEL, eps=1e-6, config=config, bwd_config=config)
 
 
 @gpu

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pallas_norm.pallas_config import cdiv, next_pow2
+from pallas_norm.bands import slot_width
+from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
@@ -216,8 +217,8 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
         tl.store(DW + g.to(tl.int64) * N + cols, dw, mask=col_mask)
 
 
-def _slots(M: int, programs: int, device: torch.device) -> torch.Tensor:
-    return torch.full((M, next_pow2(programs)), UNPOSTED, dtype=torch.int32, device=device)
+def _slots(M: int, width: int, device: torch.device) -> torch.Tensor:
+    return torch.full((M, width), UNPOSTED, dtype=torch.int32, device=device)
 
 
 def _groups(M: int, cfg: Config) -> int:
@@ -233,14 +234,15 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
     M, N = custom_ops.rows(x)
     fused = residual is not None
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # never fewer slots than the program's threads
     y = torch.empty_like(x, dtype=h_dtype if fused else None)
     h = torch.empty_like(x, dtype=h_dtype) if fused else None
     key = ("bands_fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config_key, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype)
     triton_launch.launch(key, _bands_fwd_kernel, (programs, groups),
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
-                          _slots(M, programs, x.device), M, N, float(N), eps, offset, 0 if INTERPRET else SPIN_LIMIT),
-                         lambda: dict(P=programs, S=next_pow2(programs), G=groups, BLOCK_M=cfg.block_m,
+                          _slots(M, width, x.device), M, N, float(N), eps, offset, 0 if INTERPRET else SPIN_LIMIT),
+                         lambda: dict(P=programs, S=width, G=groups, BLOCK_M=cfg.block_m,
                                       BLOCK_N=cfg.block_n, LAG=max(cfg.lag, 1), HAS_WEIGHT=weight is not None,
                                       HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[y.dtype],
                                       EMULATE_BF16=INTERPRET, num_warps=cfg.num_warps),
@@ -258,17 +260,18 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
     need_dweight = need_dweight and weight is not None
     has_dh = dh_out is not None and need_dx
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # never fewer slots than the program's threads
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
-    slots = _slots(M, programs, x.device) if need_dx else rstd
+    slots = _slots(M, width, x.device) if need_dx else rstd
     key = ("bands", M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config_key, x.get_device(),
            need_dx, need_dweight, has_dh)
     triton_launch.launch(key, _bands_bwd_kernel, (programs, groups),
                          (x, weight if weight is not None else x, dy, dh_out if has_dh else dy, rstd,
                           dx if need_dx else x, partials if need_dweight else rstd, slots, M, N, offset,
                           0 if INTERPRET else SPIN_LIMIT),
-                         lambda: dict(P=programs, S=next_pow2(programs), G=groups, BLOCK_M=cfg.block_m,
+                         lambda: dict(P=programs, S=width, G=groups, BLOCK_M=cfg.block_m,
                                       BLOCK_N=cfg.block_n, LAG=cfg.lag if need_dx else 0, HAS_WEIGHT=weight is not None,
                                       NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
