@@ -35,19 +35,17 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
     """The heuristic's config (None) and alternatives around it: rows per program × warps (× prefetch for the
     backward) for resident rows; chunk width × warps × prefetch (× persistent grid size for the forward) for
     long rows, and band configs from ``BAND_CANDIDATE_COLS`` columns (``bands_only``: the heuristic's, the band
-    heuristic's and ``carry_configs`` alone)."""
+    heuristic's and ``band_candidates`` alone)."""
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
-    torch_base = pallas_config.heuristic(m, n, backward=backward, launcher="torch")
-    first = [None] + [torch_base] * (torch_base != base)  # JAX's heuristic, and the torch launch route's
     if base.lag and bands_only:
-        return first + [c for c in carry_configs(base, n, backward) if c != torch_base]
+        return [None] + band_candidates(base, n)
     if base.lag:  # column bands: band × rows × warps × lag × prefetch × row groups, and the chunked path
-        return first + [c for c in band_configs(base, n, backward, quick) if c != torch_base]
+        return [None] + band_configs(base, n, backward, quick)
     extra = []
     if n >= BAND_CANDIDATE_COLS:  # long rows on the chunked path (or Mosaic): bands in row groups as candidates
         banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)
-        extra = [banded] + carry_configs(banded, n, backward)
+        extra = [banded] + band_candidates(banded, n)
     if bands_only:
         return [None] + extra
     if base.resident(n):
@@ -72,17 +70,24 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
                      and c.block_rows * c.block_cols <= 32768] + extra
 
 
-def carry_configs(base: pallas_config.Config, n: int, backward: bool) -> list[pallas_config.Config]:
-    """Band configs whose last ``lag`` blocks stay in registers (``carry``) instead of being read again, and
-    ``base`` with ``carry`` flipped: band width × rows × lag × programs per SM (row groups filling 2, 4 or 8
-    programs per SM; 4 warps, prefetch)."""
+def band_candidates(base: pallas_config.Config, n: int) -> list[pallas_config.Config]:
+    """Band configs around ``base``: one-warp programs (no shared memory: XLA leaves them the driver's carveout) on
+    band width × rows × lag × programs per SM; the same with the last ``lag`` blocks carried in registers
+    (``carry``); then 2- to 8-warp programs, carried (band width × rows × lag × programs per SM, deeper lags)."""
     sms = backend.num_sms()
-    grid = [(c, r, k, p) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2), (2, 4, 8))
-            if c * r <= 4096 and (k == 2 or r == 1)]
-    configs = [dataclasses.replace(base, block_cols=c, block_rows=r, num_warps=4, lag=k, prefetch=True, carry=True,
-                                   programs=-(-n // c) * max(1, p * sms // -(-n // c))) for c, r, k, p in grid]
-    configs.append(dataclasses.replace(base, carry=not base.carry))
-    return [c for c in dict.fromkeys(configs) if c != base]
+
+    def make(c, r, w, k, p, carry):
+        return dataclasses.replace(base, block_cols=c, block_rows=r, num_warps=w, lag=k, prefetch=True, carry=carry,
+                                   programs=-(-n // c) * max(1, p * sms // -(-n // c)))
+
+    grid = [(c, r, 1, k, p, False) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2, 3), (8, 16, 24))
+            if c * r <= 2048 and (k == 2 or (r == 1 and p != 24))]
+    grid += [(1024, 1, 1, 2, p, True) for p in (8, 16)] + [(512, 1, 1, 2, p, False) for p in (16, 24)]
+    grid += [(c, r, 4, k, p, True) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2), (2, 4, 8))
+             if c * r <= 4096 and (k == 2 or r == 1)]
+    grid += [(c, 1, 4, k, 4, True) for c, k in itertools.product((1024, 2048), (3, 4))]
+    grid += [(2048, 1, 8, 2, p, True) for p in (2, 4)] + [(1024, 1, 2, 2, p, True) for p in (4, 8)]
+    return [c for c in dict.fromkeys(make(*g) for g in grid) if c != base]
 
 
 def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool) -> list[pallas_config.Config]:
@@ -108,7 +113,7 @@ def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool
         cols, warps, _, prefetch = pallas_config.FWD_CHUNKED
         chunked = [pallas_config.Config(1, cols, warps, prefetch=prefetch)]
     configs = list(dict.fromkeys(make(*g) for g in (grid[::3] if quick else grid)))
-    return [c for c in configs if c != base] + carry_configs(base, n, backward)[:2 if quick else None] + chunked
+    return [c for c in configs if c != base] + band_candidates(base, n)[:2 if quick else None] + chunked
 
 
 def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
@@ -169,10 +174,12 @@ def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
 
 def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
     base = _triton_heuristic(n, backward)
-    if base.lag:  # column bands: band × rows × lag × row groups (4 warps), and the chunked path
+    if base.lag:  # column bands: band × rows × lag × row groups (4 warps; one warp), and the chunked path
         grid = [(c, r, k, g) for c, r, k, g in itertools.product((1024, 2048), (1, 2, 4), (1, 2, 3), (1, 2, 4))
                 if c * r <= 4096 * (1 if backward else 2) and (k == 2 or (c, r) in ((1024, 1), (2048, 2)))]
         configs = [dataclasses.replace(base, block_n=c, block_m=r, lag=k, groups=g, num_warps=4) for c, r, k, g in grid]
+        configs += [dataclasses.replace(base, block_n=1024, block_m=1, lag=2, groups=g, num_warps=1)  # one warp
+                    for g in (2, 4, 8, 16)]
         chunked = triton_config.chunked_backward_config() if backward else triton_config.chunked_forward_config()
         return [None] + [c for c in dict.fromkeys(configs) if c != base][:6 if quick else None] + [chunked]
     if not base.chunked(n):
@@ -264,8 +271,6 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
         name = f"heuristic: {cfg!r}"
     elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward):
         name = f"heuristic: {cfg!r}"
-    elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward, launcher="torch"):
-        name = f"torch launch route's heuristic: {cfg!r}"
     elif cfg is None:
         heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
                      _triton_heuristic(n, backward))

@@ -47,36 +47,28 @@ ONE_PROGRAM_ELEMS = 1 << 16
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
 # Rows of at least BANDS_MIN_COLS columns, both directions: column bands of every row (``bands.py``: x (and dy) read
-# once; the forward 2 passes, the backward 3) of ``next_pow2(cdiv(n, SMs))`` columns (at least BANDS_MIN_BAND): at most
-# one band per SM, each band's programs walking the rows in ``groups`` interleaved row groups (the grid: bands ×
-# groups, ``programs_per_sm`` per SM). A row group's bands must be co-resident to run at speed (each waits for its
-# peers' row sums); groups beyond what the GPU holds at once run in later waves. Then (elements per row block, warps,
-# lag, prefetch, programs per SM). Sweep (H100, bf16, 1024×262144, 2026-11-25, tenth session, kernels launched by
-# torch, bench/results/sweep_h100_bfloat16_llama_bands_groups.md): 2048-column bands of 2 rows, 4 warps, lag 2,
-# prefetch: the forward in 4 groups (128 registers: 4 programs per SM) 2.72 TB/s against 2.36 for Mosaic GPU's
-# clusters and 2.01 for the chunked path, and 1.81 in one group of 8-row blocks; the backward in 2 groups (244
-# registers: 2 per SM) 2.60 against 2.26 for the ninth session's 1024-column bands in one group of 4-row blocks. One
-# group of many rows per step keeps few programs per SM, each step a chain of dependent loads and block-wide
-# reductions: more, smaller programs hide each other's latency (ncu, tenth session: 8 warps per SM, 0.4 instructions
-# issued per cycle per scheduler, DRAM 49-55% busy in one group).
-# Bands wider than BANDS_MAX_BAND (rows beyond BANDS_MAX_BAND·SMs columns: 540672 on an H100) would hold more per
-# thread than the sweep's blocks of 4096 elements (registers, spills): such rows stay on the chunked paths.
+# once; the forward 2 passes, the backward 3), each band's programs walking the rows in ``groups`` interleaved row
+# groups (the grid: bands × groups, ``programs_per_sm`` per SM). A row group's bands must be co-resident to run at
+# speed (each waits for its peers' row sums); groups beyond what the GPU holds at once run in later waves.
+# Tenth session (bench/results/sweep_h100_bfloat16_llama_bands_groups.md): 4-warp programs on 2048-column bands of
+# 2 rows, the forward in 4 groups 2.72 TB/s, the backward in 2 groups 2.60, launched by torch. One group of many
+# rows per step keeps few programs per SM, each step a chain of dependent loads and reductions: more, smaller
+# programs hide each other's latency (ncu: DRAM 49-55% busy in one group). But XLA launches every kernel that uses
+# dynamic shared memory at the most shared memory (``bench carveout``), which leaves L1 too small for the band's
+# second read: the same kernels read 2.31 / 2.28 from JAX. Eleventh session: carrying the blocks in registers
+# (``Config.carry``, sweep_h100_bfloat16_llama_pallas_bands_carveout100.md) gave 2.52 / 2.30 at either carveout;
+# one-warp programs need no shared memory at all (no cross-warp reduction), so XLA leaves the carveout to the
+# driver, and many of them hide each other's latency best: 1024-column bands of one row, lag 2, prefetch, the
+# forward 16 programs per SM (8 groups) 2.82 TB/s launched by torch, 2.79 by XLA; the backward 8 per SM (4 groups)
+# 2.78 / 2.77 (bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md). Then (band columns, rows per block, warps,
+# lag, prefetch, programs per SM). Bands only while a row has at most BANDS_MAX_PER_SM bands per SM (N ≤ 540672 on an
+# H100): a group is then co-resident beside others; longer rows stay on the chunked paths.
 BANDS_MIN_COLS = 262144
-BANDS_MIN_BAND = 1024
-BANDS_MAX_BAND = 4096
-# Then (elements per row block, warps, lag, prefetch, programs per SM, carry).
-# XLA launches every kernel with dynamic shared memory at the most shared memory (``bench carveout``), which leaves
-# L1 too small for the band's second read: the same band kernels lose 12-16% under JAX. Carrying the last ``lag``
-# blocks in registers (``Config.carry``) needs no second read, at more registers per program. Sweep (H100, bf16,
-# 1024×262144, eleventh session, bench/results/sweep_h100_bfloat16_llama_pallas_bands_carveout100.md, each config
-# timed at the default carveout and at XLA's): the forward on 2048-column bands of one row, carried, 4 groups, 2.52
-# TB/s at both, against 2.72 / 2.29 for FWD_BANDS reading again: JAX's forward takes XLA_FWD_BANDS, the torch launch
-# route (default carveout) FWD_BANDS. Same bits either way (tests). The backward: carried at best 2.30 (1-row blocks
-# of 1024 columns) against 2.28 under XLA's carveout and 2.60 at the default: BANDS for both.
-BANDS = (4096, 4, 2, True, 2, False)
-FWD_BANDS = (4096, 4, 2, True, 4, False)
-XLA_FWD_BANDS = (2048, 4, 2, True, 4, True)
-LAUNCHERS = ("xla", "torch")
+BANDS_MAX_PER_SM = 4
+BANDS = (1024, 1, 1, 2, True, 8)
+FWD_BANDS = (1024, 1, 1, 2, True, 16)
+
+
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
 
@@ -145,12 +137,10 @@ class Config:
         return self.chunks(n) == 1
 
 
-def heuristic(m: int, n: int, *, backward: bool, launcher: str = "xla") -> Config:
-    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``launcher``: who
-    launches the kernel, XLA (JAX; the torch DLPack route) or the torch launch route (``"torch"``), which differ in
-    the L1 they leave the band forward (the configs they get give the same bits)."""
+def heuristic(m: int, n: int, *, backward: bool) -> Config:
+    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
     n_pad = next_pow2(n)
-    banded = bands_config(m, n, backward=backward, launcher=launcher)
+    banded = bands_config(m, n, backward=backward)
     if banded is not None:
         return banded
     if n_pad > MAX_RESIDENT_COLS:
@@ -172,22 +162,17 @@ def heuristic(m: int, n: int, *, backward: bool, launcher: str = "xla") -> Confi
                m, n, backward=True)
 
 
-def bands_config(m: int, n: int, *, backward: bool, min_cols: int = BANDS_MIN_COLS,
-                 launcher: str = "xla") -> Config | None:
-    """The heuristic's band config for an ``(m, n)`` launch (``BANDS``, ``FWD_BANDS`` or ``XLA_FWD_BANDS``), or None
-    where rows are shorter than ``min_cols`` or a band would be wider than ``BANDS_MAX_BAND`` (the bench passes a
-    lower ``min_cols`` to time bands where the heuristic does not take them)."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+def bands_config(m: int, n: int, *, backward: bool, min_cols: int = BANDS_MIN_COLS) -> Config | None:
+    """The heuristic's band config for an ``(m, n)`` launch (``BANDS``/``FWD_BANDS``), or None where rows are
+    shorter than ``min_cols`` or have more than ``BANDS_MAX_PER_SM`` bands per SM (the bench passes a lower
+    ``min_cols`` to time bands where the heuristic does not take them)."""
     sms = backend.num_sms()
-    cols = max(BANDS_MIN_BAND, next_pow2(cdiv(n, sms)))
-    if n < min_cols or cols > BANDS_MAX_BAND:
+    cols, rows, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
+    bands = cdiv(n, cols)
+    if n < min_cols or bands > BANDS_MAX_PER_SM * sms:
         return None
-    table = BANDS if backward else XLA_FWD_BANDS if launcher == "xla" else FWD_BANDS
-    elems, warps, lag, prefetch, per_sm, carry = table
-    programs = cdiv(n, cols) * max(1, per_sm * sms // cdiv(n, cols))  # bands × row groups
-    return fit(Config(max(1, elems // cols), cols, warps, programs=programs, prefetch=prefetch, lag=lag, carry=carry),
-               m, n, backward=backward)
+    programs = bands * max(1, per_sm * sms // bands)  # bands × row groups
+    return fit(Config(rows, cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n, backward=backward)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

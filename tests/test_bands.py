@@ -169,39 +169,61 @@ def test_dweight_alone_and_dx_alone_match_the_full_backward():
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
-    """For an H100's 132 SMs (and a GPU of 114): bands from 262144 columns, at most one per SM, in row groups; rows
-    whose bands would be wider than ``BANDS_MAX_BAND`` stay chunked."""
+    """For an H100's 132 SMs (and a GPU of 114): bands from 262144 columns, at most ``BANDS_MAX_PER_SM`` per SM, in
+    row groups; rows with more bands per SM stay chunked."""
     from pallas_norm import backend
 
     for sms in (132, 114):
         monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
+        per_sm = (pallas_config.BANDS if backward else pallas_config.FWD_BANDS)[-1]
         for n in (pallas_config.BANDS_MIN_COLS, 300000):
             config = pallas_config.heuristic(1024, n, backward=backward)
-            assert config.lag and config.chunks(n) <= sms  # a band per SM at most, in row groups:
-            assert bands.groups(config, n) * config.chunks(n) == config.programs <= (2 if backward else 4) * sms
+            assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
+            assert bands.groups(config, n) * config.chunks(n) == config.programs <= per_sm * sms
         assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
-        assert not pallas_config.heuristic(16, sms * pallas_config.BANDS_MAX_BAND + 1, backward=backward).lag
+        longest = pallas_config.BANDS_MAX_PER_SM * sms * config.block_cols
+        assert pallas_config.heuristic(16, longest, backward=backward).lag
+        assert not pallas_config.heuristic(16, longest + 1, backward=backward).lag
     assert not pallas_config.fit(Config(4, 1024, 4, lag=2), 8, 1000, backward=backward).lag  # a resident row
     with pytest.raises(ValueError, match="lag"):
         Config(1, 1024, 4, lag=-1)
 
 
-def test_band_forward_carries_under_xla_and_reads_again_under_torch(monkeypatch):
-    """JAX's band forward carries its blocks (XLA's launch leaves too little L1 for the second read); the torch launch
-    route lowers the read-again config instead (the same bits: ``test_carried_tiles_give_the_read_again_bits``), and
-    JAX's own config everywhere else."""
+@pytest.mark.parametrize("backward", [False, True])
+def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
+    """The heuristic's band programs are one warp: no cross-warp reduction, no shared memory, so XLA launches them at
+    the driver's carveout (it asks the most shared memory, the least L1, of every kernel using any; ``bench
+    carveout``). Compiled for sm_90 from the TTIR XLA receives; a 4-warp band config (the broken variant) needs some."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
     from pallas_norm import backend
     from torch_bridge import launch_route
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    xla, torch_route = (pallas_config.heuristic(1024, 262144, backward=False, launcher=k) for k in ("xla", "torch"))
-    assert xla.carry and not torch_route.carry and xla.lag and torch_route.lag
-    assert launch_route._launch_config(1024, 262144, False, None) == torch_route
-    assert launch_route._launch_config(1024, 262144, True, None) is None  # the backward: one config for both
-    assert launch_route._launch_config(32768, 4096, False, None) is None
-    assert launch_route._launch_config(1024, 262144, False, xla) == xla  # a config passed is kept
-    with pytest.raises(ValueError, match="launcher"):
-        pallas_config.heuristic(1024, 262144, backward=False, launcher="cuda")
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    shape = (64, 262144)
+
+    def shared(config):
+        lower = launch_route._lower_backward if backward else launch_route._lower_forward
+        args = (torch.bfloat16, torch.bfloat16) + ((0.0,) if backward else (1e-6, 0.0)) + ("llama", config)
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+            call = launch_route.parse_program(lower(*shape, *args).compiler_ir("stablehlo")).calls[0]
+        return _shared(triton, GPUTarget, call.ttir, config.num_warps)
+
+    config = pallas_config.heuristic(*shape, backward=backward)
+    assert config.lag and config.num_warps == 1 and shared(config) == 0
+    assert shared(dataclasses.replace(config, num_warps=4)) > 0
+
+
+def _shared(triton, target, ttir: str, num_warps: int) -> int:
+    """Shared memory bytes of a kernel compiled for sm_90 from its TTIR."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
+        f.write(ttir)
+        f.flush()
+        return triton.compile(f.name, target=target("cuda", 90, 32), options=dict(num_warps=num_warps)).metadata.shared
 
 
 # ---------------------------------------------------------------- GPU
@@ -292,7 +314,7 @@ def test_gpu_bands_bits_repeat_and_do_not_depend_on_who_waited(monkeypatch):
 @gpu
 def test_gpu_bands_plain_and_fused_dweight_agree_and_torch_launch_route_matches_jax():
     """The fused add's backward on bands stores ``rms_norm``'s dweight bits; the Pallas binaries launched by torch
-    (the slots filled per call by torch) give JAX's bits."""
+    (the slots filled per call by torch) give JAX's bits, forward and backward."""
     from torch_bridge import launch_route
 
     shape = (128, 262144)
@@ -303,7 +325,10 @@ def test_gpu_bands_plain_and_fused_dweight_agree_and_torch_launch_route_matches_
     _, dx, dw = jax_vjp("auto", x, w, dy)  # the plain norm of h
     np.testing.assert_array_equal(bits(dw_fused), bits(dw))
     tx, tw, tdy = (torch.from_numpy(np.asarray(a.astype(jnp.float32))).to("cuda", torch.bfloat16) for a in (x, w, dy))
-    rstd = launch_route.forward_launcher(*shape, tx.dtype, tw.dtype, 1e-6, 0.0, "llama", 0)(tx, tw)[1]
+    t_y, rstd = launch_route.forward_launcher(*shape, tx.dtype, tw.dtype, 1e-6, 0.0, "llama", 0)(tx, tw)
+    y, j_rstd = pn.rms_norm_with_rstd(x, w, eps=1e-6, impl="auto")
+    np.testing.assert_array_equal(bits(t_y), bits(y))
+    np.testing.assert_array_equal(bits(rstd), bits(j_rstd))
     t_dx, t_dw = launch_route.backward_launcher(*shape, tx.dtype, tw.dtype, 0.0, "llama", 0)(tx, tw, tdy, rstd)
     np.testing.assert_array_equal(bits(t_dx), bits(dx))
     np.testing.assert_array_equal(bits(t_dw), bits(dw))

@@ -87,11 +87,13 @@ def test_float64_and_dweight_only_calls():
 
 
 def test_heuristic_takes_bands_from_262144_columns():
-    assert triton_config.backward_config(262144, 132) == triton_config.Config(2, 2048, 4, lag=2, groups=2)
-    assert triton_config.forward_config(262144, 132) == triton_config.Config(2, 2048, 4, lag=2, groups=4)
+    """One-warp programs on 1024-column bands of one row, in row groups (8 / 16 programs per SM), while a row has at
+    most ``BANDS_MAX_PER_SM`` bands per SM."""
+    assert triton_config.backward_config(262144, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=4)
+    assert triton_config.forward_config(262144, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=8)
     for config in (triton_config.backward_config, triton_config.forward_config):
-        assert config(524288, 132).block_n == 4096 and config(262144, 114).block_n == 4096
-        assert not config(131072, 132).lag and not config(1 << 20, 132).lag  # bands of 8192: chunked
+        assert config(540672, 132).lag and config(262144, 114).lag
+        assert not config(131072, 132).lag and not config(540673, 132).lag  # 529 bands on 132 SMs: chunked
     with pytest.raises(ValueError, match="lag"):
         triton_config.Config(1, 1024, 4, lag=-1)
 

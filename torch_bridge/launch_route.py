@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 import torch
 
-from pallas_norm import api, auto, compat, pallas_config
+from pallas_norm import api, compat
 from torch_bridge import cuda_driver, xla_binaries
 from torch_bridge.jax_device import JAX_DTYPES
 
@@ -189,19 +189,8 @@ def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(s, JAX_DTYPES[d]) for s, d in shapes_dtypes]
 
 
-def _launch_config(m: int, n: int, backward: bool, config):
-    """``config``, or for None the JAX default's kernels, but where the Triton lowering's heuristic picks another
-    config for a kernel launched by torch (``launcher="torch"``: the band forward reads its band again from L1, which
-    XLA's launch leaves too small; the same bits) that config."""
-    if config is not None or auto.lowering(backward, n, None, m=m) != "pallas":
-        return config
-    ours = pallas_config.heuristic(m, n, backward=backward, launcher="torch")
-    return None if ours == pallas_config.heuristic(m, n, backward=backward) else ours
-
-
 def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, casting: str, config=None,
                    residual_dtype=None, h_dtype=None):
-    config = _launch_config(m, n, False, config)
     fn = api.forward_fn(eps, offset, casting, "auto", config, None if h_dtype is None else JAX_DTYPES[h_dtype])
     specs = _specs([((m, n), x_dtype)] + ([] if residual_dtype is None else [((m, n), residual_dtype)])
                    + ([] if w_dtype is None else [((n,), w_dtype)]))
@@ -209,7 +198,6 @@ def _lower_forward(m: int, n: int, x_dtype, w_dtype, eps: float, offset: float, 
 
 
 def _lower_backward(m: int, n: int, x_dtype, w_dtype, offset: float, casting: str, config=None, fused=False):
-    config = _launch_config(m, n, True, config)
     fn = api.backward_fn(offset, casting, "auto", w_dtype is not None, config, fused)
     if w_dtype is None:
         fn = functools.partial(lambda f, *a: f(*a)[0], fn)
@@ -371,8 +359,8 @@ def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
 @functools.lru_cache(maxsize=256)
 def forward_launcher(m, n, x_dtype, w_dtype, eps, offset, casting, device_index: int, config=None,
                      residual_dtype=None, h_dtype=None) -> Launcher:
-    """The forward ``(x, *weight) -> (y, rstd)``; ``config`` a ``pallas_config.Config`` (None: the JAX API's
-    kernels, their config for a torch launch: ``_launch_config``; sweeps time others). With ``residual_dtype`` and ``h_dtype`` the fused add's forward
+    """The forward ``(x, *weight) -> (y, rstd)``; ``config`` a ``pallas_config.Config`` (None: the heuristic's,
+    as the JAX API runs; sweeps time others). With ``residual_dtype`` and ``h_dtype`` the fused add's forward
     ``(x, residual, *weight) -> (y, h, rstd)``."""
     with torch.cuda.device(device_index):
         lowered = _lower_forward(m, n, x_dtype, w_dtype, eps, offset, casting, config, residual_dtype, h_dtype)

@@ -18,20 +18,18 @@ TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS //
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
 # Rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``; pallas_config's design and
-# choice): bands of ``next_pow2(cdiv(N, SMs))`` columns (at least BANDS_MIN_BAND), ``BANDS_ELEMS`` elements per row
-# block, 4 warps, lag 2, in row groups: the backward ``BWD_BANDS_PER_SM`` programs per SM, the forward
-# ``FWD_BANDS_PER_SM``. H100, bf16, 1024×262144 (tenth session,
-# bench/results/sweep_h100_bfloat16_llama_bands_groups.md):
-# 2048-column bands of 2 rows, the forward in 4 groups 2.54 TB/s against 1.92 chunked and 1.87 for 1024-column bands
-# of 8 rows in one group; the backward in 2 groups 2.16 against 2.13 for the ninth session's 1024-column bands of 4
-# rows (bench/results/triton_bands_h100.md: 1.76 chunked).
+# choice): 1024-column bands (``BANDS_COLS``) of one row per block, one warp per program, lag 2, in row groups: the
+# backward ``BWD_BANDS_PER_SM`` programs per SM, the forward ``FWD_BANDS_PER_SM``; rows with more than
+# ``BANDS_MAX_PER_SM`` bands per SM stay chunked. H100, bf16, 1024×262144 (eleventh session,
+# bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md): the backward in 4 groups 2.54 TB/s against 2.16 for the
+# tenth session's 4-warp programs on 2048-column bands of 2 rows; the forward in 8 groups 2.65 against 2.54
+# (bench/results/triton_bands_h100.md: 1.76 chunked).
 BANDS_MIN_N = 262144
-BANDS_MIN_BAND = 1024
-BANDS_MAX_BAND = 4096  # wider bands (rows beyond 4096·SMs columns) stay chunked (pallas_config.BANDS_MAX_BAND)
-BANDS_ELEMS = 4096
+BANDS_COLS = 1024
+BANDS_MAX_PER_SM = 4
 BANDS_LAG = 2
-BWD_BANDS_PER_SM = 2
-FWD_BANDS_PER_SM = 4
+BWD_BANDS_PER_SM = 8
+FWD_BANDS_PER_SM = 16
 
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
@@ -80,19 +78,14 @@ class Config:
         return self.block_n < n
 
 
-def _band(n: int, sms: int) -> int:
-    """Band width for rows of ``n`` columns on a GPU of ``sms`` SMs: at most one band per SM."""
-    return max(BANDS_MIN_BAND, next_pow2(-(-n // sms)))
-
-
 def _bands(n: int, sms: int, per_sm: int) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs, in row groups filling ``per_sm`` programs
-    per SM; None where rows take no bands (shorter than ``BANDS_MIN_N``, or bands wider than ``BANDS_MAX_BAND``)."""
-    band = _band(n, sms)
-    if n < BANDS_MIN_N or band > BANDS_MAX_BAND:
+    per SM; None where rows take no bands (shorter than ``BANDS_MIN_N``, or more than ``BANDS_MAX_PER_SM`` bands per
+    SM)."""
+    bands = -(-n // BANDS_COLS)
+    if n < BANDS_MIN_N or bands > BANDS_MAX_PER_SM * sms:
         return None
-    groups = max(1, per_sm * sms // -(-n // band))
-    return Config(max(1, BANDS_ELEMS // band), band, 4, lag=BANDS_LAG, groups=groups)
+    return Config(1, BANDS_COLS, 1, lag=BANDS_LAG, groups=max(1, per_sm * sms // bands))
 
 
 @functools.cache
