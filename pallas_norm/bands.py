@@ -14,14 +14,15 @@ owner (one group) or summed over the groups in group order (``kernels.reduce_dwe
 
 The slots arrive filled with ``UNPOSTED`` (an int32 NaN payload no float32 arithmetic produces; a NaN partial is
 posted as the canonical NaN) and are aliased to an output, so XLA (or the torch launch route) hands the kernel a
-fresh filled buffer per call (``slot_width`` slots per row: never fewer than a program's threads). A slot is one
-32-bit store, read by volatile loads: a posted value is its own flag, no fence or atomic needed. Groups never wait on
-each other: a group that does not fit beside the others runs in a later wave. Nothing needs a group co-resident to be correct: a program that polls ``SPIN_LIMIT`` times without
-seeing a block's slots complete computes the missing partials itself from memory with the owners' code (the same
-bits; only the missing bands' rows are read) and from then on never waits (later blocks: what is posted, the rest
-computed). The interpreter runs programs one after another, so there every program but the last of a group takes
-that path. A group that is not co-resident (more bands than the GPU holds at once, or SMs taken by other streams'
-kernels) is therefore correct but slow: the heuristics ask at most one band per SM.
+fresh filled buffer per call (``slot_width`` slots per row: at least 4 per thread of a program). A slot is one
+32-bit store, read by volatile loads: a posted value is its own flag, no fence or atomic needed. Groups never wait
+on each other: a group that does not fit beside the others runs in a later wave. Nothing needs a group co-resident
+to be correct: a program that polls ``SPIN_LIMIT`` times without seeing a block's slots complete computes the
+missing partials itself from memory with the owners' code (the same bits; only the missing bands' rows are read) and
+from then on never waits (later blocks: what is posted, the rest computed). The interpreter runs programs one after
+another, so there every program but the last of a group takes that path. A group that is not co-resident (more bands
+than the GPU holds at once, or SMs taken by other streams' kernels) is therefore correct but slow: the heuristics
+ask at most ``BANDS_MAX_PER_SM`` bands per SM of one-warp programs.
 """
 
 from __future__ import annotations
@@ -43,14 +44,18 @@ UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF)
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
 INTERPRET_SPIN_LIMIT = 0
 WARP = 32  # threads per warp (NVIDIA)
+SLOTS_PER_THREAD = 4  # int32 slots per thread of a slot tile: one 16-byte load each
 
 
 def slot_width(bands: int, block_rows: int, num_warps: int) -> int:
-    """Slots per row: the band count padded to a power of two, and to at least one slot per thread over a block's
-    rows (the padding is never posted; reads mask it). A slot tile smaller than the program's threads is held in
-    replicas, each loaded by its own thread at its own time: polled slots then differ between the replicas, the
-    program's "all posted" test and its sum disagree, and rows came out NaN (H100: 512×65536 in 16 row groups)."""
-    return max(next_pow2(bands), next_pow2(cdiv(WARP * num_warps, block_rows)))
+    """Slots per row: the band count padded to a power of two, and to at least ``SLOTS_PER_THREAD`` slots per thread
+    over a block's rows (the padding is never posted; reads mask it). A slot tile smaller than the program's threads
+    is held in replicas, each loaded by its own thread at its own time: polled slots then differ between the
+    replicas, the program's "all posted" test and its sum disagree, and rows came out NaN (H100: 512×65536 in 16 row
+    groups). Fewer than 4 per thread (one 16-byte load) made Triton convert the tile's layout through shared memory,
+    and a kernel using any shared memory gets XLA's largest carveout (the one-warp kernels' L1: 2.27 against 2.68 TB/s
+    at 4096×65536, H100)."""
+    return max(next_pow2(bands), next_pow2(cdiv(SLOTS_PER_THREAD * WARP * num_warps, block_rows)))
 
 
 def slot_cols(config: Config, n: int) -> int:

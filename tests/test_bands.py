@@ -104,16 +104,17 @@ def test_carried_tiles_out_of_order_are_caught(monkeypatch):
         check_jax(x, w, dy, "interpret", eps=1e-6, config=Config(4, 512, 2, lag=3, carry=True))
 
 
-def test_slot_tiles_hold_a_slot_per_thread():
-    """A block's slot tile (``block_rows`` × slots per row) is never smaller than its program's threads, so no slot is
-    polled by two threads (replicas can disagree: NaN rows on the H100, see ``slot_width``); the band count alone
-    (the old width) is not enough for 64 bands of one row on 4 warps."""
+def test_slot_tiles_hold_four_slots_per_thread():
+    """A block's slot tile (``block_rows`` × slots per row) holds at least ``SLOTS_PER_THREAD`` slots per thread of its
+    program, so no slot is polled by two threads (replicas can disagree: NaN rows on the H100, see ``slot_width``);
+    the band count alone (the old width) is not enough for 64 bands of one row on 4 warps."""
     for bands_, rows, warps in ((64, 1, 4), (32, 2, 4), (3, 1, 1), (128, 2, 4), (300, 1, 8), (16, 64, 2)):
         width = bands.slot_width(bands_, rows, warps)
-        assert width >= bands_ and width & (width - 1) == 0 and width * rows >= bands.WARP * warps
+        assert width >= bands_ and width & (width - 1) == 0
+        assert width * rows >= bands.SLOTS_PER_THREAD * bands.WARP * warps
     assert pallas_config.next_pow2(64) * 1 < bands.WARP * 4  # the old width, broken for the first layout
     config = pallas_config.fit(Config(1, 1024, 4, lag=1, programs=1024), 512, 65536, backward=False)
-    assert bands.slot_cols(config, 65536) == 128 and bands._slots(512, 65536, config).shape == (512, 128)
+    assert bands.slot_cols(config, 65536) == 512 and bands._slots(512, 65536, config).shape == (512, 512)
 
 
 def test_forward_without_its_peers_sums_is_caught(monkeypatch):
@@ -193,7 +194,9 @@ def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
 def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
     """The heuristic's band programs are one warp: no cross-warp reduction, no shared memory, so XLA launches them at
     the driver's carveout (it asks the most shared memory, the least L1, of every kernel using any; ``bench
-    carveout``). Compiled for sm_90 from the TTIR XLA receives; a 4-warp band config (the broken variant) needs some."""
+    carveout``). Compiled for sm_90 from the TTIR XLA receives, at 262144 columns and on bands of 65536 (64 bands:
+    a slot tile of 2 slots per thread took 128 bytes to convert its layout). Broken variants: a 4-warp band config,
+    and the slots at 1 per thread."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
@@ -202,18 +205,21 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
-    shape = (64, 262144)
 
-    def shared(config):
+    def shared(shape, config):
         lower = launch_route._lower_backward if backward else launch_route._lower_forward
         args = (torch.bfloat16, torch.bfloat16) + ((0.0,) if backward else (1e-6, 0.0)) + ("llama", config)
         with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
             call = launch_route.parse_program(lower(*shape, *args).compiler_ir("stablehlo")).calls[0]
         return _shared(triton, GPUTarget, call.ttir, config.num_warps)
 
-    config = pallas_config.heuristic(*shape, backward=backward)
-    assert config.lag and config.num_warps == 1 and shared(config) == 0
-    assert shared(dataclasses.replace(config, num_warps=4)) > 0
+    config = pallas_config.heuristic(64, 262144, backward=backward)
+    assert config.lag and config.num_warps == 1 and shared((64, 262144), config) == 0
+    assert shared((64, 262144), dataclasses.replace(config, num_warps=4)) > 0
+    short = pallas_config.bands_config(64, 65536, backward=backward, min_cols=0)
+    assert short.num_warps == 1 and short.chunks(65536) == 64 and shared((64, 65536), short) == 0
+    monkeypatch.setattr(bands, "SLOTS_PER_THREAD", 1)  # 64 slots for 32 threads; another shape: traced afresh
+    assert shared((32, 65536), pallas_config.bands_config(32, 65536, backward=backward, min_cols=0)) > 0
 
 
 def _shared(triton, target, ttir: str, num_warps: int) -> int:

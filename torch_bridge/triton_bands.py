@@ -234,7 +234,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
     M, N = custom_ops.rows(x)
     fused = residual is not None
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
-    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # never fewer slots than the program's threads
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (bands.slot_width)
     y = torch.empty_like(x, dtype=h_dtype if fused else None)
     h = torch.empty_like(x, dtype=h_dtype) if fused else None
     key = ("bands_fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config_key, x.get_device(),
@@ -260,7 +260,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
     need_dweight = need_dweight and weight is not None
     has_dh = dh_out is not None and need_dx
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
-    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # never fewer slots than the program's threads
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (bands.slot_width)
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
