@@ -1,0 +1,119 @@
+"""Column bands' layout (``pallas_norm/bands.py``, ``pallas_config.bands_config``), checked on CPU: the slots per
+row, which rows take bands, what the heuristic's band kernels compile to for sm_90 (no shared memory), and how the
+lowered module hands the torch launch route its slots."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+import torch
+
+from pallas_norm import bands, pallas_config
+from pallas_norm.pallas_config import Config
+
+
+def test_slot_tiles_hold_four_slots_per_thread():
+    """A block's slot tile (``block_rows`` × slots per row) holds at least ``SLOTS_PER_THREAD`` slots per thread of its
+    program, so no slot is polled by two threads (replicas can disagree: NaN rows on the H100, see ``slot_width``);
+    the band count alone (the old width) is not enough for 64 bands of one row on 4 warps."""
+    for bands_, rows, warps in ((64, 1, 4), (32, 2, 4), (3, 1, 1), (128, 2, 4), (300, 1, 8), (16, 64, 2)):
+        width = bands.slot_width(bands_, rows, warps)
+        assert width >= bands_ and width & (width - 1) == 0
+        assert width * rows >= bands.SLOTS_PER_THREAD * bands.WARP * warps
+    assert pallas_config.next_pow2(64) * 1 < bands.WARP * 4  # the old width, broken for the first layout
+    config = pallas_config.fit(Config(1, 1024, 4, lag=1, programs=1024), 512, 65536, backward=False)
+    assert bands.slot_cols(config, 65536) == 512 and bands._slots(512, 65536, config).shape == (512, 512)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
+    """For an H100's 132 SMs (and a GPU of 114): bands from 262144 columns, at most ``BANDS_MAX_PER_SM`` per SM, in
+    row groups; rows with more bands per SM stay chunked."""
+    from pallas_norm import backend
+
+    for sms in (132, 114):
+        monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
+        per_sm = (pallas_config.BANDS if backward else pallas_config.FWD_BANDS)[-1]
+        for n in (pallas_config.BANDS_MIN_COLS, 300000):
+            config = pallas_config.heuristic(1024, n, backward=backward)
+            assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
+            assert bands.groups(config, n) * config.chunks(n) == config.programs <= per_sm * sms
+        assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
+        longest = pallas_config.BANDS_MAX_PER_SM * sms * config.block_cols
+        assert pallas_config.heuristic(16, longest, backward=backward).lag
+        assert not pallas_config.heuristic(16, longest + 1, backward=backward).lag
+    assert not pallas_config.fit(Config(4, 1024, 4, lag=2), 8, 1000, backward=backward).lag  # a resident row
+    with pytest.raises(ValueError, match="lag"):
+        Config(1, 1024, 4, lag=-1)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
+    """The heuristic's band programs are one warp: no cross-warp reduction, no shared memory, so XLA launches them at
+    the driver's carveout (it asks the most shared memory, the least L1, of every kernel using any; ``bench
+    carveout``). Compiled for sm_90 from the TTIR XLA receives, at 262144 columns and on bands of 65536 (64 bands:
+    a slot tile of 2 slots per thread took 128 bytes to convert its layout). Broken variants: a 4-warp band config,
+    and the slots at 1 per thread."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from pallas_norm import backend
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+
+    def shared(shape, config):
+        lower = launch_route._lower_backward if backward else launch_route._lower_forward
+        args = (torch.bfloat16, torch.bfloat16) + ((0.0,) if backward else (1e-6, 0.0)) + ("llama", config)
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+            call = launch_route.parse_program(lower(*shape, *args).compiler_ir("stablehlo")).calls[0]
+        return _shared(triton, GPUTarget, call.ttir, config.num_warps)
+
+    config = pallas_config.heuristic(64, 262144, backward=backward)
+    assert config.lag and config.num_warps == 1 and shared((64, 262144), config) == 0
+    assert shared((64, 262144), dataclasses.replace(config, num_warps=4)) > 0
+    short = pallas_config.bands_config(64, 65536, backward=backward, min_cols=0)
+    assert short.num_warps == 1 and short.chunks(65536) == 64 and shared((64, 65536), short) == 0
+    monkeypatch.setattr(bands, "SLOTS_PER_THREAD", 1)  # 64 slots for 32 threads; another shape: traced afresh
+    assert shared((32, 65536), pallas_config.bands_config(32, 65536, backward=backward, min_cols=0)) > 0
+
+
+def _shared(triton, target, ttir: str, num_warps: int) -> int:
+    """Shared memory bytes of a kernel compiled for sm_90 from its TTIR."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
+        f.write(ttir)
+        f.flush()
+        return triton.compile(f.name, target=target("cuda", 90, 32), options=dict(num_warps=num_warps)).metadata.shared
+
+
+def test_torch_launch_route_fills_the_slots_per_call():
+    """The module lowered for an (abstract) H100 holds the slots as a splat constant aliased to the kernel's last
+    result: the launch route reads it as a buffer filled per call (``UNPOSTED``) and written in place; a kernel
+    writing into one of the caller's inputs is refused (the DLPack route runs it instead)."""
+    from torch_bridge import launch_route
+
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    config = Config(4, 1024, 4, lag=2, prefetch=True)
+    lower = {"fwd": lambda: launch_route._lower_forward(64, 262144, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama",
+                                                        config),
+             "bwd": lambda: launch_route._lower_backward(64, 262144, torch.bfloat16, torch.bfloat16, 0.0, "llama",
+                                                         config)}
+    for mode, lowering in lower.items():
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+            lowered = lowering()
+        program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
+        (call,) = program.calls
+        assert call.name == f"pallas_norm_{mode}_bands" and call.grid == (256, 1, 1)
+        ((value, shape, dtype, fill),) = program.fills
+        assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
+        assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]
+    module = lowered.compiler_ir("stablehlo")
+    main = next(op for op in module.body.operations if op.attributes["sym_name"].value == "main")
+    op = next(op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call")
+    with pytest.raises(launch_route.UnsupportedProgram, match="writing into an input"):
+        launch_route._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value
