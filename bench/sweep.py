@@ -43,8 +43,8 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
     if base.lag:  # column bands: band × rows × warps × lag × prefetch × row groups, and the chunked path
         return [None] + band_configs(base, n, backward, quick)
     extra = []
-    if n >= BAND_CANDIDATE_COLS:  # long rows on the chunked path (or Mosaic): the band layout as a candidate (and,
-        banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)  # with bands_only, its neighbours)
+    if n >= BAND_CANDIDATE_COLS:  # long rows off the bands: the band layout as a candidate (bands_only: and more)
+        banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)
         extra = [banded] + (band_candidates(banded, n) if bands_only else [])
     if bands_only:
         return [None] + extra
