@@ -43,6 +43,19 @@ def _complete(posted, slot_mask):
 
 
 @triton.jit
+def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
+    """Row group g's t-th row block (blocks g, g + G, ...): its rows and their mask."""
+    rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows, rows < M
+
+
+@triton.jit
+def _tile(rows, row_mask, cols, col_mask, N):
+    """The element offsets (int64) and the mask of the tile ``rows`` × ``cols`` of a row-major (M, N) array."""
+    return rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def _band_rows(X, R, offs, mask, HAS_RESIDUAL: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
                EVICT: tl.constexpr):
     """The forward's band of rows in float32: x, or (the fused add) h = r(x + residual) (DT is h's dtype)."""
@@ -145,14 +158,12 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
     g = tl.program_id(1)
     alone = 0
     for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
-        rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < M
-        x = _band_rows(X, R, rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :],
-                       HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
+        rows, row_mask = _block(t, g, G, BLOCK_M, M)
+        offs, mask = _tile(rows, row_mask, cols, col_mask, N)
+        x = _band_rows(X, R, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
         # block t - LAG: its slots and its band again (L2), in flight meanwhile
         rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
-        offs_b = rows_b.to(tl.int64)[:, None] * N + cols[None, :]
-        mask_b = row_mask_b[:, None] & col_mask[None, :]
+        offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
         x_b = _band_rows(X, R, offs_b, mask_b, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_first")
         _post(SLOT, rows, row_mask, S, pid, tl.sum(x * x, axis=1))
         total, alone = _totals(X, R, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P, S,
@@ -174,8 +185,8 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                       HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
                       EMULATE_BF16: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
-    ...); ``S`` slots per row (``P`` bands, padded to a power of two). With ``G`` > 1 ``DW`` holds float32 partials,
-    one row per group."""
+    ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.bands.slot_width``). With ``G`` > 1 ``DW`` holds
+    float32 partials, one row per group."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
     cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
@@ -184,16 +195,13 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     g = tl.program_id(1)
     alone = 0
     for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
-        rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < M
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        mask = row_mask[:, None] & col_mask[None, :]
+        rows, row_mask = _block(t, g, G, BLOCK_M, M)
+        offs, mask = _tile(rows, row_mask, cols, col_mask, N)
         x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last")
         if NEED_DX:  # block t - LAG: its slots (in flight during block t's math) and its band again (L2)
             rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
-            offs_b = rows_b.to(tl.int64)[:, None] * N + cols[None, :]
-            mask_b = row_mask_b[:, None] & col_mask[None, :]
+            offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
             x_b = tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first").to(CT)
             dy_b = tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first").to(CT)
             rstd_b = tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0)

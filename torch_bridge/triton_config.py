@@ -46,8 +46,8 @@ class Config:
     and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``.
     A backward of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight
     itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
-    is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (a chunked backward): column bands of
-    ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
+    is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column
+    bands of ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
     ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...)."""
 
     block_m: int
