@@ -350,3 +350,36 @@ def test_launcher_allocates_like_inputs_into_given_buffers_and_chains_kernels():
     y2, rstd2, _ = launcher(x, w, out=(None, scratch, None), stream=5)
     assert rstd2 is scratch and y2.shape == x.shape
     assert launcher(x.view(6, 8), w, stream=5)[1].shape == (6,)  # no shapes given: program shapes
+
+
+
+@pytest.mark.parametrize("variant", ["launcher", "broken"])
+def test_launcher_fills_constants_per_call_and_writes_aliased_results_in_place(monkeypatch, variant):
+    """A filled constant (the bands' slots) is made per call with its fill value and handed to the kernel as both an
+    operand and the result aliased to it: one buffer, the same pointer twice. The broken variant allocates the
+    aliased result apart (the kernel would post into a buffer nobody reads) and is caught."""
+    i32 = torch.int32
+    call = launch_route.KernelCall("k", "", (1, 1, 1), 1, 1, (0, 1), (2, 3), ((6, 8), (6, 4)), (torch.bfloat16, i32),
+                                   aliases=((1, 1),))
+    program = launch_route.Program((call,), (2, 3), ((6, 8),), (torch.bfloat16,), fills=((1, (6, 4), i32, -1.0),))
+    if variant == "broken":
+        monkeypatch.setattr(launch_route.Launcher, "_results", lambda self, c, out_pos, like: (tuple(
+            (v, launch_route._allocator(self.program, shape, dtype, out_pos.get(v), like))
+            for v, shape, dtype in zip(c.results, c.result_shapes, c.result_dtypes)), ()))
+    kernel = _fake_kernel()
+    launcher = launch_route.Launcher(program, [kernel], 0)
+    x = torch.ones(6, 8, dtype=torch.bfloat16)
+    _, first = launcher(x, stream=3)
+    first.fill_(5)  # what the kernel posted: the next call must start from the fill again
+    y, slots = launcher(x, stream=3)
+    pointers = kernel._lib.launches[-1][-1]
+
+    def check():
+        assert pointers[:3] == [x.data_ptr(), slots.data_ptr(), y.data_ptr()] and pointers[3] == pointers[1]
+        assert torch.equal(slots, torch.full((6, 4), -1, dtype=i32))
+
+    if variant == "broken":
+        with pytest.raises(AssertionError):
+            check()
+    else:
+        check()

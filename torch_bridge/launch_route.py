@@ -308,16 +308,21 @@ class Launcher:
         self.program, self.device_index, self.kernels = program, device_index, kernels
         out_pos = {v: i for i, v in enumerate(program.outputs)}
         self._plan = tuple((kernel.bind(c.grid, 32 * c.num_warps), c.operands + c.results,
-                            self._allocs(c, out_pos, like or {})) for c, kernel in zip(program.calls, self.kernels))
+                            *self._results(c, out_pos, like or {})) for c, kernel in zip(program.calls, self.kernels))
         self._fills = program.fills
         self._outputs = program.outputs
 
-    def _allocs(self, call: KernelCall, out_pos: dict[int, int], like: dict[int, int]) -> tuple:
-        """``(value, source)`` per result of ``call``: the operand value it aliases (an int), else its allocator."""
+    def _results(self, call: KernelCall, out_pos: dict[int, int], like: dict[int, int]) -> tuple[tuple, tuple]:
+        """``call``'s results split once, here: ``(value, allocator)`` for those made per call and ``(value,
+        operand value)`` for those that are an operand's buffer, written in place."""
         aliased = dict(call.aliases)
-        return tuple((v, call.operands[aliased[i]] if i in aliased else
-                      _allocator(self.program, shape, dtype, out_pos.get(v), like))
-                     for i, (v, shape, dtype) in enumerate(zip(call.results, call.result_shapes, call.result_dtypes)))
+        made, same = [], []
+        for i, (v, shape, dtype) in enumerate(zip(call.results, call.result_shapes, call.result_dtypes)):
+            if i in aliased:
+                same.append((v, call.operands[aliased[i]]))
+            else:
+                made.append((v, _allocator(self.program, shape, dtype, out_pos.get(v), like)))
+        return tuple(made), tuple(same)
 
     def __call__(self, *inputs: torch.Tensor, out: tuple | None = None, stream: int | None = None
                  ) -> tuple[torch.Tensor, ...]:
@@ -326,9 +331,11 @@ class Launcher:
         values = dict(enumerate(inputs))
         for v, shape, dtype, fill in self._fills:  # on torch's current stream (``stream=`` is for tests)
             values[v] = torch.full(shape, fill, dtype=dtype, device=inputs[0].device)
-        for go, buffers, allocs in self._plan:
-            for v, alloc in allocs:
-                values[v] = values[alloc] if isinstance(alloc, int) else alloc(inputs, out)
+        for go, buffers, made, same in self._plan:
+            for v, alloc in made:
+                values[v] = alloc(inputs, out)
+            for v, operand in same:
+                values[v] = values[operand]
             go(stream, [values[i].data_ptr() for i in buffers])
         return tuple([values[i] for i in self._outputs])
 
