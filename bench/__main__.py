@@ -90,8 +90,8 @@ def parser() -> argparse.ArgumentParser:
                            help="comma-separated: pallas (Triton lowering), mosaic, triton (default: all)")
             s.add_argument("--modes", default="both", choices=["both", "fwd", "bwd"], help="directions swept")
             s.add_argument("--bands-only", action="store_true",
-                           help="Pallas (Triton lowering): the heuristic's config, the band heuristic's and the carried "
-                                "band configs alone")
+                           help="Pallas (Triton lowering): the heuristic's config, the band heuristic's and the band "
+                                "candidates (one-warp, carried) alone")
             s.add_argument("--carveout", type=int, default=None, metavar="PCT",
                            help="also time the Pallas (Triton lowering) kernels at this shared-memory carveout "
                                 "(100: XLA's launch)")

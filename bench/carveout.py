@@ -47,11 +47,8 @@ def run(shapes=SHAPES) -> dict:
         nbytes = (3 if backward else 2) * m * n * x.element_size()
         row = dict(mode=mode, m=m, n=n, config=repr(cfg),
                    torch_default=_tbps(nbytes, lambda: launcher(*args), timing.torch_sync))
-        for k in launcher.kernels:
-            k.set_carveout(MAX_SHARED)
-        row["torch_max_shared"] = _tbps(nbytes, lambda: launcher(*args), timing.torch_sync)
-        for k in launcher.kernels:  # the launchers are cached: later users in this process get the default back
-            k.set_carveout(-1)
+        with timing.carveout(launcher.kernels, MAX_SHARED):
+            row["torch_max_shared"] = _tbps(nbytes, lambda: launcher(*args), timing.torch_sync)
         jargs = [jax.dlpack.from_dlpack(a) for a in args]
         row["jax"] = _tbps(nbytes, lambda: step(*jargs), jax.block_until_ready)
         rows.append(row)

@@ -235,11 +235,8 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
             print(f"sweep: {kernel} {m}x{n} {row['mode']} {row['config']}: {row['tbps']:.2f} TB/s", file=sys.stderr,
                   flush=True)
             if carveout is not None and kernel == "pallas":
-                for k in launcher.kernels:
-                    k.set_carveout(carveout)
-                row["tbps_carveout"] = timing.tbps(row["mode"], m, n, x.element_size(), timing.time_torch(call))
-                for k in launcher.kernels:  # the launchers are cached: later users get the default back
-                    k.set_carveout(-1)
+                with timing.carveout(launcher.kernels, carveout):
+                    row["tbps_carveout"] = timing.tbps(row["mode"], m, n, x.element_size(), timing.time_torch(call))
             main = [k for k in launcher.kernels if "reduce" not in getattr(k, "name", "")][-1]  # not dweight's sum
             if hasattr(main, "registers"):
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
@@ -271,10 +268,8 @@ def _row(kernel: str, backward: bool, m: int, n: int, itemsize: int, cfg, sec: f
         name = f"heuristic: {cfg!r}"
     elif kernel == "pallas" and cfg == pallas_config.heuristic(m, n, backward=backward):
         name = f"heuristic: {cfg!r}"
-    elif cfg is None:
-        heuristic = (pallas_config.heuristic(m, n, backward=backward) if kernel == "pallas" else
-                     _triton_heuristic(n, backward))
-        name = f"heuristic: {heuristic!r}"
+    elif cfg is None:  # the Triton reference's (the Pallas families' rows arrive with their heuristic's config)
+        name = f"heuristic: {_triton_heuristic(n, backward)!r}"
     elif kernel == "pallas":  # as launched (``fit`` sets the grid: the band count, the persistent grid's size)
         name = repr(pallas_config.fit(cfg, m, n, backward=backward))
     else:

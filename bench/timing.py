@@ -9,6 +9,7 @@ with one synchronisation at the end (``per_call``), as a training loop sees them
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import re
@@ -115,6 +116,19 @@ def interleaved_samples(fns: dict[str, Callable], sync: Callable, calls: int, re
 def paired_ratio(samples: dict[str, list[float]], name: str, base: str) -> float:
     """The median over rounds of ``name``'s time / ``base``'s in the same round (robust to drift across rounds)."""
     return statistics.median(a / b for a, b in zip(samples[name], samples[base]))
+
+
+@contextlib.contextmanager
+def carveout(kernels, percent: int):
+    """``kernels`` (a launcher's loaded ``CudaKernel``s) run at shared-memory carveout ``percent`` inside the block
+    (100: what XLA's launch asks); the driver's default (-1) again after it (launchers are cached)."""
+    for k in kernels:
+        k.set_carveout(percent)
+    try:
+        yield
+    finally:
+        for k in kernels:
+            k.set_carveout(-1)
 
 
 def torch_sync(_=None) -> None:
