@@ -43,8 +43,13 @@ _KERNELS: dict[str, Kernels] = {}
 _FAMILY: dict[str, str] = {}  # backend -> family (the ops' name prefix)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels' compute (and rstd) dtype for rows of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def rstd_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+    return compute_dtype(x.dtype)
 
 
 def dtype_of(t: torch.Tensor | None) -> torch.dtype | None:

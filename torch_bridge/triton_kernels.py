@@ -190,7 +190,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     if rstd is None:
-        rstd = x.new_empty(x.shape[:-1], dtype=torch.float64 if row_dtype == torch.float64 else torch.float32)
+        rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.compute_dtype(row_dtype))
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if rstd.dtype == torch.float32:
             return triton_bands.forward(x, weight, eps, offset, casting, cfg, config, rstd, residual, h_dtype)
