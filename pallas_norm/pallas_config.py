@@ -27,6 +27,13 @@ FWD_ELEMS_PER_WARP = 1024
 # against 2.40) and 4096×4096 (the default the fastest) the same padded length disagreed: not taken.
 FWD_MIN_PROGRAMS = 2048
 FWD_FEW_ROWS = {1024: (2, 4), 2048: (2, 8)}
+# Forward, resident rows filling at most FWD_PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
+# 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
+# off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
+# bench/results/fwd_padded_rows_h100.md): 32768×2304 1 row, 4 warps 2.96 TB/s against 2.85 for 2 rows, 8 warps;
+# 4096×2304 2.53 against 2.40; 32768×1536 2 rows, 4 warps 2.93 against 2.89; 32768×3072 2.98 against 2.96,
+# 4096×3072 2.61 against 2.60. 3584 (7/8 of 4096) was not re-timed: unchanged.
+FWD_PADDED_FILL = 0.75
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
 FWD_CHUNKED = (16384, 32, 2, True)
@@ -149,7 +156,8 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
     rows = next_pow2(max(m, 1))
     if not backward:
-        block_rows = min(max(1, TARGET_ELEMS // n_pad), MAX_BLOCK_ROWS, rows)
+        target = TARGET_ELEMS // (2 if n <= FWD_PADDED_FILL * n_pad else 1)
+        block_rows = min(max(1, target // n_pad), MAX_BLOCK_ROWS, rows)
         warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         if cdiv(max(m, 1), block_rows) < FWD_MIN_PROGRAMS and n_pad in FWD_FEW_ROWS:
             block_rows, warps = FWD_FEW_ROWS[n_pad]

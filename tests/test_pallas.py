@@ -66,6 +66,14 @@ def test_forward_heuristic_spreads_few_rows():
                      (3, 1024): (2, 4)}
 
 
+def test_forward_heuristic_halves_padded_rows():
+    """Rows filling at most ``FWD_PADDED_FILL`` of their padded block get half the rows per program (the warps
+    following: a warp per ``FWD_ELEMS_PER_WARP`` padded elements); fuller rows keep the default tile."""
+    tiles = {n: (c.block_rows, c.num_warps) for n in (2304, 3072, 1536, 3584, 4096, 2048)
+             for c in [pallas_config.heuristic(32768, n, backward=False)]}
+    assert tiles == {2304: (1, 4), 3072: (1, 4), 1536: (2, 4), 3584: (2, 8), 4096: (2, 8), 2048: (4, 8)}
+
+
 @pytest.mark.parametrize("casting", pn.CASTINGS)
 def test_chunked_path(casting):
     """Long rows walk column chunks (forward two passes; backward row sums then column-chunk programs), forced
