@@ -8,6 +8,7 @@
     python -m bench step [--profile | --trace] [--out DIR]   # --trace: Chrome traces + where the GPU idles
     python -m bench fused [--quick] [--out DIR]
     python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
+    python -m bench ceiling [--out DIR]    # a copy of each shape's bytes beside impl=None's kernels
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -16,7 +17,8 @@ PNG, raw JSON). sweep: our kernels under alternative tilings. overhead: the torc
 large-call cost, layer by layer, and which providers a CUDA graph can capture. step: one training step of HF Llama
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
 against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XLA's launch (the most shared
-memory, the least L1) costs the same binary. summary: the README's speed table from the committed
+memory, the least L1) costs the same binary. ceiling: what a copy of the same bytes reaches at each shape
+(the suite divides by a 2 GiB copy). summary: the README's speed table from the committed
 results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
@@ -30,7 +32,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -114,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     fu.add_argument("--quick", action="store_true", help="one shape per table")
     fu.add_argument("--out", default="bench/results")
     sub.add_parser("carveout").add_argument("--out", default="bench/results")
+    sub.add_parser("ceiling").add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -181,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = carveout.run()
         return _write(carveout, result, out / f"carveout_{timing.gpu_slug(result['env']['gpu'])}")
+    if args.command == "ceiling":
+        from bench import ceiling
+
+        result = ceiling.run()
+        return _write(ceiling, result, out / f"ceiling_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "sweep":
         from bench import sweep
 

@@ -44,7 +44,7 @@ def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"]])
+@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
     assert bench_cli.main(argv) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
@@ -61,6 +61,17 @@ def test_carveout_table_says_what_xla_s_launch_costs():
     text = carveout.markdown(dict(env=env, rows=rows))
     assert "| fwd | 8192×32768 | 2.74 | 2.48 | 2.48 | -9% |" in text
     assert "| bwd | 32768×4096 | 2.70 | 2.70 | 2.73 | +1% |" in text
+
+
+def test_ceiling_table_divides_by_the_same_size_copy():
+    """Each shape: the same-size copy and ours as TB/s (% of the 2 GiB copy) and ours over that copy; a table that
+    divided by the 2 GiB copy in the `of copy` column (2.36 / 3.02 = 78%) would fail."""
+    from bench import ceiling
+
+    env = dict(gpu="H100", date="2026-11-26", jax="0.11.2", torch="2.11", triton="3.6", copy_tbps=3.02)
+    rows = [dict(m=4096, n=1024, copy_fwd=2.40, copy_bwd=2.50, fwd=2.36, bwd=1.52)]
+    text = ceiling.markdown(dict(env=env, rows=rows))
+    assert "| 4096×1024 | 17 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | 1.52 (50%) | 61% |" in text
 
 
 def test_render_writes_table_csv_and_plot(tmp_path):
