@@ -1,6 +1,6 @@
-"""Column bands' layout (``pallas_norm/bands.py``, ``pallas_config.bands_config``), checked on CPU: the slots per
-row, which rows take bands, what the heuristic's band kernels compile to for sm_90 (no shared memory), and how the
-lowered module hands the torch launch route its slots."""
+"""Column bands' layout (``pallas_norm/bands.py``, ``band_slots.py``, ``pallas_config.bands_config``), checked on
+CPU: the slots per row, which rows take bands, what the heuristic's band kernels compile to for sm_90 (no shared
+memory), and how the lowered module hands the torch launch route its slots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax
 import pytest
 import torch
 
-from pallas_norm import bands, pallas_config
+from pallas_norm import band_slots, pallas_config
 from pallas_norm.pallas_config import Config
 
 
@@ -19,12 +19,12 @@ def test_slot_tiles_hold_four_slots_per_thread():
     program, so no slot is polled by two threads (replicas can disagree: NaN rows on the H100, see ``slot_width``);
     the band count alone (the old width) is not enough for 64 bands of one row on 4 warps."""
     for bands_, rows, warps in ((64, 1, 4), (32, 2, 4), (3, 1, 1), (128, 2, 4), (300, 1, 8), (16, 64, 2)):
-        width = bands.slot_width(bands_, rows, warps)
+        width = band_slots.slot_width(bands_, rows, warps)
         assert width >= bands_ and width & (width - 1) == 0
-        assert width * rows >= bands.SLOTS_PER_THREAD * bands.WARP * warps
-    assert pallas_config.next_pow2(64) * 1 < bands.WARP * 4  # the old width, broken for the first layout
+        assert width * rows >= band_slots.SLOTS_PER_THREAD * band_slots.WARP * warps
+    assert pallas_config.next_pow2(64) * 1 < band_slots.WARP * 4  # the old width, broken for the first layout
     config = pallas_config.fit(Config(1, 1024, 4, lag=1, programs=1024), 512, 65536, backward=False)
-    assert bands.slot_cols(config, 65536) == 512 and bands._slots(512, 65536, config).shape == (512, 512)
+    assert band_slots.slot_cols(config, 65536) == 512 and band_slots.slots(512, 65536, config).shape == (512, 512)
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -39,7 +39,7 @@ def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
         for n in (pallas_config.BANDS_MIN_COLS, 300000):
             config = pallas_config.heuristic(1024, n, backward=backward)
             assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
-            assert bands.groups(config, n) * config.chunks(n) == config.programs <= per_sm * sms
+            assert band_slots.groups(config, n) * config.chunks(n) == config.programs <= per_sm * sms
         assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
         longest = pallas_config.BANDS_MAX_PER_SM * sms * config.block_cols
         assert pallas_config.heuristic(16, longest, backward=backward).lag
@@ -77,7 +77,7 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
     assert shared((64, 262144), dataclasses.replace(config, num_warps=4)) > 0
     short = pallas_config.bands_config(64, 65536, backward=backward, min_cols=0)
     assert short.num_warps == 1 and short.chunks(65536) == 64 and shared((64, 65536), short) == 0
-    monkeypatch.setattr(bands, "SLOTS_PER_THREAD", 1)  # 64 slots for 32 threads; another shape: traced afresh
+    monkeypatch.setattr(band_slots, "SLOTS_PER_THREAD", 1)  # 64 slots for 32 threads; another shape: traced afresh
     assert shared((32, 65536), pallas_config.bands_config(32, 65536, backward=backward, min_cols=0)) > 0
 
 
@@ -110,7 +110,7 @@ def test_torch_launch_route_fills_the_slots_per_call():
         (call,) = program.calls
         assert call.name == f"pallas_norm_{mode}_bands" and call.grid == (256, 1, 1)
         ((value, shape, dtype, fill),) = program.fills
-        assert (shape, dtype, fill) == ((64, 256), torch.int32, float(bands.UNPOSTED))
+        assert (shape, dtype, fill) == ((64, 256), torch.int32, float(band_slots.UNPOSTED))
         assert call.aliases == ((2, call.operands.index(value)),) and program.outputs == call.results[:2]
     module = lowered.compiler_ir("stablehlo")
     main = next(op for op in module.body.operations if op.attributes["sym_name"].value == "main")

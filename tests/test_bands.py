@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pallas_norm as pn
-from pallas_norm import bands, kernels, pallas_config
+from pallas_norm import band_slots, bands, kernels, pallas_config
 from pallas_norm.pallas_config import Config
 
 from helpers import KERNEL, bits, check_jax, jax_inputs, jax_vjp
@@ -64,7 +64,7 @@ def test_float32_weight_with_bfloat16_rows():
 def test_too_few_slots_is_caught(monkeypatch):
     """The rule above catches a broken exchange: slots for half the bands (the other half's partial sums are
     written past a row's slots, into the next row's, and every total is wrong)."""
-    monkeypatch.setattr(bands, "slot_cols", lambda config, n: config.chunks(n) // 2)
+    monkeypatch.setattr(band_slots, "slot_cols", lambda config, n: config.chunks(n) // 2)
     x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=7, scale=2.0)
     with pytest.raises(AssertionError, match="dx"):
         check_jax(x, w, dy, "interpret", eps=1e-6, bwd_config=Config(4, 512, 2, lag=2))  # a config traced only here
@@ -75,7 +75,7 @@ def test_row_groups_give_one_groups_bits():
     groups' partials summed in group order (float64 rule above)."""
     x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=13, scale=2.0)
     one, grouped = Config(2, 512, 4, lag=2, prefetch=True), Config(2, 512, 4, lag=2, prefetch=True, programs=32)
-    assert bands.groups(pallas_config.fit(grouped, 37, 4000, backward=True), 4000) == 4
+    assert band_slots.groups(pallas_config.fit(grouped, 37, 4000, backward=True), 4000) == 4
     (y1, r1), (y4, r4) = (pn.rms_norm_with_rstd(x, w, impl="interpret", config=c) for c in (one, grouped))
     np.testing.assert_array_equal(bits(y4), bits(y1))
     np.testing.assert_array_equal(bits(r4), bits(r1))
@@ -107,7 +107,8 @@ def test_carried_tiles_out_of_order_are_caught(monkeypatch):
 def test_forward_without_its_peers_sums_is_caught(monkeypatch):
     """The rule catches a forward whose exchange is broken: slots filled with a posted-looking 0.0 (each program
     sees its peers' partial sums as posted zeros before they are written, so rstd comes from too few columns)."""
-    monkeypatch.setattr(bands, "_slots", lambda m, n, config: jnp.zeros((m, bands.slot_cols(config, n)), jnp.int32))
+    monkeypatch.setattr(band_slots, "slots",
+                        lambda m, n, config: jnp.zeros((m, band_slots.slot_cols(config, n)), jnp.int32))
     x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=8, scale=2.0)
     with pytest.raises(AssertionError, match="y"):
         check_jax(x, w, dy, "interpret", eps=1e-6, config=Config(4, 512, 2, lag=1))  # a config traced only here
@@ -202,7 +203,7 @@ def test_gpu_slot_tiles_smaller_than_the_threads_match_float64_rule(config):
 @gpu
 def test_gpu_replicated_slot_tiles_are_caught(monkeypatch):
     """The rule above catches the old width (the band count alone: replicated slot tiles)."""
-    monkeypatch.setattr(bands, "slot_width", lambda bands_, rows, warps: pallas_config.next_pow2(bands_))
+    monkeypatch.setattr(band_slots, "slot_width", lambda bands_, rows, warps: pallas_config.next_pow2(bands_))
     x, w, dy = jax_inputs((512, 65536), jnp.bfloat16, 0.0, seed=11)
     config = dataclasses.replace(SMALL_SLOT_TILES[0], num_stages=1)  # a config traced only here
     with pytest.raises(AssertionError, match="y"):
@@ -216,7 +217,7 @@ def test_gpu_band_forward_bits_repeat_and_do_not_depend_on_who_waited(monkeypatc
     x, w, _ = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=6)
     fwd = functools.partial(pn.rms_norm_with_rstd, impl="pallas")
     runs = [jax.jit(fwd)(x, w) for _ in range(5)]
-    monkeypatch.setattr(bands, "SPIN_LIMIT", 0)
+    monkeypatch.setattr(band_slots, "SPIN_LIMIT", 0)
     runs.append(jax.jit(functools.partial(fwd, config=pallas_config.heuristic(512, 262144, backward=False)))(x, w))
     for y, rstd in runs[1:]:
         np.testing.assert_array_equal(bits(y), bits(runs[0][0]))
@@ -233,7 +234,7 @@ def test_gpu_bands_bits_repeat_and_do_not_depend_on_who_waited(monkeypatch):
     x, w, dy = jax_inputs((512, 262144), jnp.bfloat16, 0.0, seed=2)
     config = pallas_config.heuristic(512, 262144, backward=True)
     runs = [jax.jit(functools.partial(_backward, config=config, impl="pallas"))(x, w, dy) for _ in range(5)]
-    monkeypatch.setattr(bands, "SPIN_LIMIT", 0)
+    monkeypatch.setattr(band_slots, "SPIN_LIMIT", 0)
     runs.append(jax.jit(functools.partial(_backward, config=config, impl="pallas"))(x, w, dy))
     for dx, dw in runs[1:]:
         np.testing.assert_array_equal(bits(dx), bits(runs[0][0]))

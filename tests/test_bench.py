@@ -133,7 +133,7 @@ def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):
     Pallas ones also in row groups: more programs than bands; one and four warps; carried blocks), and time the
     chunked path they replace."""
     from bench import sweep
-    from pallas_norm import backend, bands, pallas_config
+    from pallas_norm import backend, band_slots, pallas_config
     from torch_bridge import triton_config
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
@@ -143,7 +143,7 @@ def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):
         assert not any(c.lag for c in pallas[-chunked:])
         assert len({(c.block_cols, c.block_rows, c.num_warps, c.lag, c.prefetch) for c in pallas[1:-chunked]}) > 8
         fitted = [pallas_config.fit(c, 1024, 262144, backward=backward) for c in pallas[1:-chunked]]
-        assert {1, 2, 4, 8} <= {bands.groups(c, 262144) for c in fitted}
+        assert {1, 2, 4, 8} <= {band_slots.groups(c, 262144) for c in fitted}
         assert {c.num_warps for c in fitted} >= {1, 4} and any(c.carry for c in fitted)
     triton = sweep.triton_configs(262144, True, quick=False)
     assert triton[0] is None and triton[-1] == triton_config.chunked_backward_config()

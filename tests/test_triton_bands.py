@@ -113,7 +113,7 @@ def test_gpu_bands_match_float64_rule(shape, dtype, casting, offset):
                                     triton_config.Config(2, 2048, 4, lag=2, groups=16)], ids=repr)
 def test_gpu_slot_tiles_smaller_than_the_threads_match_float64_rule(config):
     """64 bands of one row (32 of two) on 4 warps in 16 row groups: the slots padded to 4 per thread
-    (``pallas_norm.bands.slot_width``; replicated slot tiles gave NaN rows in the Pallas kernels on the H100)."""
+    (``pallas_norm.band_slots.slot_width``; replicated slot tiles gave NaN rows in the Pallas kernels on the H100)."""
     assert _run((512, 65536), config, torch.bfloat16, "llama", 0.0, seed=6) == []
 
 

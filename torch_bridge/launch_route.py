@@ -12,7 +12,7 @@ order is torch's own, nothing is copied or synchronised, the host cost is a few 
 capture records the launches.
 
 Besides kernel calls a module may hold splat constants (and their broadcasts) that a kernel takes as a buffer it
-writes in place (an output aliased to that operand: the row-sum slots of ``pallas_norm.bands``, filled afresh
+writes in place (an output aliased to that operand: the row-sum slots of ``pallas_norm.band_slots``, filled afresh
 per call): each call fills such a buffer with ``torch.full`` on torch's current stream and hands it to the kernel as
 both operand and result. A module holding anything else, a kernel cache this reader does not understand, or a
 missing driver binding raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (same bits,

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pallas_norm.bands import slot_width
+from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
@@ -185,7 +185,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                       HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
                       EMULATE_BF16: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
-    ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.bands.slot_width``). With ``G`` > 1 ``DW`` holds
+    ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.band_slots.slot_width``). With ``G`` > 1 ``DW`` holds
     float32 partials, one row per group."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
@@ -242,7 +242,7 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
     M, N = custom_ops.rows(x)
     fused = residual is not None
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
-    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (bands.slot_width)
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (band_slots.slot_width)
     y = torch.empty_like(x, dtype=h_dtype if fused else None)
     h = torch.empty_like(x, dtype=h_dtype) if fused else None
     key = ("bands_fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config_key, x.get_device(),
@@ -268,7 +268,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
     need_dweight = need_dweight and weight is not None
     has_dh = dh_out is not None and need_dx
     programs, groups = cdiv(N, cfg.block_n), _groups(M, cfg)
-    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (bands.slot_width)
+    width = slot_width(programs, cfg.block_m, cfg.num_warps)  # at least 4 slots per thread (band_slots.slot_width)
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
