@@ -95,7 +95,7 @@ def test_torch_launch_route_fills_the_slots_per_call():
     """The module lowered for an (abstract) H100 holds the slots as a splat constant aliased to the kernel's last
     result: the launch route reads it as a buffer filled per call (``UNPOSTED``) and written in place; a kernel
     writing into one of the caller's inputs is refused (the DLPack route runs it instead)."""
-    from torch_bridge import launch_route
+    from torch_bridge import launch_route, xla_program
 
     device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
     config = Config(4, 1024, 4, lag=2, prefetch=True)
@@ -116,4 +116,4 @@ def test_torch_launch_route_fills_the_slots_per_call():
     main = next(op for op in module.body.operations if op.attributes["sym_name"].value == "main")
     op = next(op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call")
     with pytest.raises(launch_route.UnsupportedProgram, match="writing into an input"):
-        launch_route._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value
+        xla_program._aliases(op, list(range(len(op.operands))), fills={})  # the same aliasing, no filled value

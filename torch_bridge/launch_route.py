@@ -1,30 +1,24 @@
 """The default CUDA route: JAX's own compiled kernels, launched on torch's current stream into torch's buffers.
 
 Once per (kind, shape, dtypes, mode), the very JAX function the JAX API runs (``pallas_norm.api.forward_fn`` /
-``backward_fn``, with the implementation ``impl=None`` picks on this GPU) is lowered. Pallas hands each Triton-
-lowered kernel to XLA as a ``__gpu$xla.gpu.triton`` custom call whose backend config carries its grid and warps,
-and each Mosaic GPU kernel as a ``mosaic_gpu_v2`` call carrying its MLIR module; our functions' modules are nothing
-but a chain of such calls, read into a ``Program`` (which buffers each kernel reads and writes). XLA's compile
+``backward_fn``, with the implementation ``impl=None`` picks on this GPU) is lowered and read into a ``Program``
+(``xla_program``: a chain of Triton-lowered and Mosaic GPU kernel calls over numbered buffers). XLA's compile
 writes each Triton kernel's binary (``xla_binaries``); Mosaic modules are compiled by Mosaic GPU's own runtime
 (the one XLA calls): the same machine code JAX launches, hence JAX's bits. Each call then allocates the results with
 torch and launches those binaries through the CUDA driver (``cuda_driver``) on torch's current stream: stream
 order is torch's own, nothing is copied or synchronised, the host cost is a few µs per kernel, and a CUDA graph
 capture records the launches.
 
-Besides kernel calls a module may hold splat constants (and their broadcasts) that a kernel takes as a buffer it
-writes in place (an output aliased to that operand: the row-sum slots of ``pallas_norm.band_slots``, filled afresh
-per call): each call fills such a buffer with ``torch.full`` on torch's current stream and hands it to the kernel as
-both operand and result. A module holding anything else, a kernel cache this reader does not understand, or a
-missing driver binding raises ``UnsupportedProgram``; the caller then falls back to the DLPack route (same bits,
-more host time).
+A buffer the module fills with a constant (the band kernels' row-sum slots) is filled per call with ``torch.full``
+on torch's current stream and handed to the kernel as both operand and result. A module holding anything else, a
+kernel cache this reader does not understand, or a missing driver binding raises ``UnsupportedProgram``; the caller
+then falls back to the DLPack route (same bits, more host time).
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
-import re
 from collections.abc import Callable
 
 import jax
@@ -33,156 +27,12 @@ import torch
 from pallas_norm import api, compat
 from torch_bridge import cuda_driver, xla_binaries
 from torch_bridge.jax_device import JAX_DTYPES
+from torch_bridge.xla_program import KernelCall, Program, UnsupportedProgram, parse_program
 
-TRITON_TARGET = "__gpu$xla.gpu.triton"
-MOSAIC_TARGET = "mosaic_gpu_v2"
+__all__ = ["KernelCall", "Launcher", "Program", "UnsupportedProgram", "backward_launcher", "backward_program",
+           "forward_launcher", "forward_program", "parse_program"]
+
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device -> the cudaStream_t torch uses
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
-_SPLAT = re.compile(r"^dense<(-?[0-9][0-9.e+-]*|true|false)> : tensor<")
-
-
-class UnsupportedProgram(RuntimeError):
-    """The lowered module holds something other than kernel custom calls (e.g. XLA ops or aliasing)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelCall:
-    """One kernel: a ``pallas_call`` of the Triton lowering (its IR as text, launch settings) or a Mosaic GPU
-    kernel (``module``: its MLIR bytecode, which carries its own launch settings), and which values it reads and
-    writes."""
-
-    name: str
-    ttir: str
-    grid: tuple[int, int, int]
-    num_warps: int
-    num_stages: int
-    operands: tuple[int, ...]
-    results: tuple[int, ...]
-    result_shapes: tuple[tuple[int, ...], ...]
-    result_dtypes: tuple[torch.dtype, ...]
-    module: bytes = b""
-    aliases: tuple[tuple[int, int], ...] = ()  # (result position, operand position): the result is that buffer
-
-    @property
-    def mosaic(self) -> bool:
-        return bool(self.module)
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """A straight-line chain of kernel calls over numbered values (inputs first, then, in the module's order, each
-    filled constant and each call's results); ``fills``: value -> (shape, dtype, fill value), made per call."""
-
-    calls: tuple[KernelCall, ...]
-    outputs: tuple[int, ...]
-    input_shapes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[torch.dtype, ...]
-    fills: tuple[tuple[int, tuple[int, ...], torch.dtype, float], ...] = ()
-
-    @property
-    def num_inputs(self) -> int:
-        return len(self.input_shapes)
-
-
-def _ttir_text(ir_bytes: bytes) -> str:
-    """The kernel's Triton IR (MLIR bytecode from Pallas) as text, which Triton's parser reads."""
-    make_ir_context, ir, register_triton_dialect = compat.mlir()
-    with make_ir_context() as ctx:
-        register_triton_dialect(ctx)
-        return str(ir.Module.parse(ir_bytes))
-
-
-def parse_program(module) -> Program:
-    """Read a lowered StableHLO module (an MLIR ``ir.Module``) made only of kernel custom calls (Triton or Mosaic
-    GPU) into a ``Program``."""
-    ir = compat.mlir()[1]
-    main = next(op for op in module.body.operations
-                if ir.StringAttr(op.attributes["sym_name"]).value == "main")
-    block = main.regions[0].blocks[0]
-    ids = {arg: i for i, arg in enumerate(block.arguments)}
-    calls, outputs, fills = [], (), {}
-    for op in block.operations:
-        name = op.operation.name
-        if name == "func.return":
-            outputs = tuple(ids[v] for v in op.operands)
-            continue
-        if name in ("stablehlo.constant", "stablehlo.broadcast_in_dim", "sdy.sharding_constraint") and _fill(
-                ir, op, fills, ids):
-            continue
-        target = ir.StringAttr(op.attributes["call_target_name"]).value if name == "stablehlo.custom_call" else ""
-        if target not in (TRITON_TARGET, MOSAIC_TARGET):
-            raise UnsupportedProgram(f"lowered module holds {name} {target}, not only {TRITON_TARGET} and "
-                                     f"{MOSAIC_TARGET} calls")
-        aliases = _aliases(op, [ids[v] for v in op.operands], fills)
-        cfg = op.attributes["mhlo.backend_config"]
-        results = []
-        for r in op.results:
-            ids[r] = len(ids)
-            results.append(r)
-        types = [ir.RankedTensorType(r.type) for r in results]
-        if target == MOSAIC_TARGET:
-            calls.append(KernelCall(
-                name=f"mosaic_{len(calls)}", ttir="", grid=(1, 1, 1), num_warps=0, num_stages=0,
-                operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
-                result_shapes=tuple(tuple(t.shape) for t in types),
-                result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
-                module=ir.StringAttr(cfg["module"]).value_bytes, aliases=aliases))
-            continue
-        calls.append(KernelCall(
-            name=ir.StringAttr(cfg["name"]).value,
-            ttir=_ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
-            grid=tuple(ir.IntegerAttr(cfg[k]).value for k in ("grid_x", "grid_y", "grid_z")),
-            num_warps=ir.IntegerAttr(cfg["num_warps"]).value,
-            num_stages=ir.IntegerAttr(cfg["num_stages"]).value,
-            operands=tuple(ids[v] for v in op.operands),
-            results=tuple(ids[r] for r in results),
-            result_shapes=tuple(tuple(t.shape) for t in types),
-            result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases,
-        ))
-    arg_types = [ir.RankedTensorType(a.type) for a in block.arguments]
-    used = {v for c in calls for v in c.operands} | set(outputs)
-    return Program(tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
-                   tuple(_TORCH_DTYPES[str(t.element_type)] for t in arg_types),
-                   tuple((v, *fill) for v, fill in fills.items() if v in used))
-
-
-def _fill(ir, op, fills: dict, ids: dict) -> bool:
-    """Number a splat constant (or a broadcast of one, or one constrained to a sharding: a no-op for one device) as a
-    filled value ``fills[id] = (shape, dtype, value)``; False for anything else."""
-    out = ir.RankedTensorType(op.results[0].type)
-    dtype = _TORCH_DTYPES.get(str(out.element_type))
-    if op.operation.name == "stablehlo.constant":
-        found = _SPLAT.match(str(op.attributes["value"]))
-        if found is None or dtype is None:
-            return False
-        text = found.group(1)
-        value = 1.0 if text == "true" else 0.0 if text == "false" else float(text)
-    else:
-        source = ids.get(op.operands[0])
-        if source not in fills or dtype is None:
-            return False
-        value = fills[source][2]
-    ids[op.results[0]] = len(ids)
-    fills[ids[op.results[0]]] = (tuple(out.shape), dtype, value)
-    return True
-
-
-def _aliases(op, operands: list[int], fills: dict) -> tuple[tuple[int, int], ...]:
-    """A kernel call's ``output_operand_aliases`` as (result, operand) positions; only a filled constant may be
-    written in place (a caller's tensor never is)."""
-    if "output_operand_aliases" not in op.attributes:
-        return ()
-    pairs = []
-    for alias in op.attributes["output_operand_aliases"]:
-        found = re.search(r"output_tuple_indices = \[(\d+)\], operand_index = (\d+), operand_tuple_indices = \[\]",
-                          str(alias))
-        if found is None:
-            raise UnsupportedProgram(f"kernel with an aliasing this reader does not know: {alias}")
-        result, operand = int(found.group(1)), int(found.group(2))
-        if operands[operand] not in fills:
-            raise UnsupportedProgram("kernel writing into an input (input/output aliasing of a non-constant)")
-        pairs.append((result, operand))
-    return tuple(pairs)
 
 
 def _specs(shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
