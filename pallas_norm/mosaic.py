@@ -128,14 +128,32 @@ REDUCE_UNROLL = 128  # loads in flight per thread; the adds stay in order p = 0,
 # H100, bf16, kernels timed (2026-11-25): the reduction of 264 partial rows at N = 1024 (8 CTAs) 5.7 → 3.0 µs
 # against unroll 16, so the backward 4096×1024 1.67 → 2.03 TB/s, 4096×4096 2.17 → 2.31, 32768×4096 2.66 → 2.70;
 # 32 and 64 in between; no change where the partials are large (4096×65536: 6 µs, bandwidth)
+REDUCE_GROUPS = (8, 4, 2)  # CTAs per cluster sharing a column block's partial rows (the largest dividing their count
+# into shares of at least REDUCE_MIN_SHARE rows): a chain of ``parts / groups`` loads per CTA instead of ``parts``
+REDUCE_MIN_SHARE = 16
+
+
+def reduce_groups(parts: int, interpret: bool) -> int:
+    """CTAs per column block of the dweight reduction: 1 under the interpreter (it runs no clusters) or where no
+    ``REDUCE_GROUPS`` size divides ``parts`` into shares of at least ``REDUCE_MIN_SHARE``."""
+    if interpret:
+        return 1
+    return next((g for g in REDUCE_GROUPS if parts % g == 0 and parts // g >= REDUCE_MIN_SHARE), 1)
 
 
 def _dweight_reduce(partials, dtype, interpret: bool):
     """The float32 partials ``(programs, n_pad)`` summed over programs in a fixed order, in ``dtype``."""
     plgpu = backend.mosaic()
     parts, n_pad = partials.shape
-    body = functools.partial(_dweight_reduce_kernel, parts=parts, cols=REDUCE_COLS, unroll=REDUCE_UNROLL)
+    groups = reduce_groups(parts, interpret)
+    body = functools.partial(_dweight_reduce_kernel, parts=parts, cols=REDUCE_COLS, unroll=REDUCE_UNROLL,
+                             groups=groups)
+    cluster = {}
+    if groups > 1:
+        cluster = dict(cluster=(groups,), cluster_names=("g",),
+                       scratch_types=(plgpu.SMEM((REDUCE_COLS,), F32),
+                                      plgpu.ClusterBarrier(collective_axes=("g",), num_barriers=2)))
     return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((n_pad,), dtype), grid=(n_pad // REDUCE_COLS,),
-                        grid_names=("c",), compiler_params=backend.mosaic_params(interpret=interpret),
-                        interpret=backend.mosaic_interpret(interpret), kernel_name="mosaic_norm_dweight_reduce"
-                        )(partials)
+                        grid_names=("col",), compiler_params=backend.mosaic_params(interpret=interpret),
+                        interpret=backend.mosaic_interpret(interpret), kernel_name="mosaic_norm_dweight_reduce",
+                        **cluster)(partials)

@@ -232,22 +232,44 @@ def _spilled_add(dw_s, off: int, size: int, terms) -> None:
     dw_s[pl.ds(off, size)] = plgpu.load(dw_s.at[pl.ds(off, size)], layout=layout(size)) + terms
 
 
-def _dweight_reduce_kernel(dwp_g, dw_g, *, parts: int, cols: int, unroll: int):
-    """``dweight[c] = Σ_p partials[p, c]`` for this CTA's ``cols`` columns, summed in order p = 0, 1, …
-    (deterministic; both stacks launch this kernel, hence the same bits). Each loop step issues ``unroll`` loads
-    before adding them in order (latency hidden, order kept); the remainder is added after the loop."""
+def _dweight_reduce_kernel(dwp_g, dw_g, *scratch, parts: int, cols: int, unroll: int, groups: int):
+    """``dweight[c] = Σ_p partials[p, c]`` for this CTA's ``cols`` columns, in a fixed order (deterministic; both
+    stacks launch this kernel, hence the same bits). With ``groups`` > 1 a cluster of that many CTAs shares the
+    column block: CTA g sums partial rows ``[g·share, (g+1)·share)`` in order, then CTA 0 adds the shares in
+    cluster order through distributed shared memory (``scratch``: this CTA's share in shared memory, two cluster
+    barriers). Each loop step issues ``unroll`` loads before adding them in order (latency hidden, order kept); the
+    remainder is added after the loop."""
     pl, plgpu = pallas(), backend.mosaic()
-    c0 = lax.axis_index("c") * cols
+    c0 = lax.axis_index("col") * cols
     lay = layout(cols)
+    share = parts // groups
+    p0 = lax.axis_index("g") * share if groups > 1 else 0
 
-    def add(p0, count, acc):
-        rows = [plgpu.load(dwp_g.at[p0 + i, pl.ds(c0, cols)], layout=lay) for i in range(count)]
+    def add(first, count, acc):
+        rows = [plgpu.load(dwp_g.at[p0 + first + i, pl.ds(c0, cols)], layout=lay) for i in range(count)]
         for row in rows:
             acc = acc + row
         return acc
 
-    step = min(unroll, parts)
-    acc = lax.fori_loop(0, parts // step, lambda k, a: add(k * step, step, a),
+    step = min(unroll, share)
+    acc = lax.fori_loop(0, share // step, lambda k, a: add(k * step, step, a),
                         plgpu.layout_cast(jnp.zeros((cols,), F32), lay))
-    acc = add(parts - parts % step, parts % step, acc)
-    dw_g[pl.ds(c0, cols)] = acc.astype(dw_g.dtype)
+    acc = add(share - share % step, share % step, acc)
+    if groups == 1:
+        dw_g[pl.ds(c0, cols)] = acc.astype(dw_g.dtype)
+        return
+    part_s, cbar = scratch
+    part_s[...] = acc
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(cbar.at[0])
+    plgpu.barrier_wait(cbar.at[0])
+
+    @pl.when(lax.axis_index("g") == 0)
+    def _():
+        total = plgpu.load(plgpu.cluster_ref(part_s, {"g": 0}), layout=lay)
+        for q in range(1, groups):
+            total = total + plgpu.load(plgpu.cluster_ref(part_s, {"g": q}), layout=lay)
+        dw_g[pl.ds(c0, cols)] = total.astype(dw_g.dtype)
+
+    plgpu.barrier_arrive(cbar.at[1])  # a CTA leaves once CTA 0 has read its share
+    plgpu.barrier_wait(cbar.at[1])

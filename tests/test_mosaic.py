@@ -219,6 +219,61 @@ def test_gpu_clusters_are_race_free():
             np.testing.assert_array_equal(np.asarray(a), b)
 
 
+def test_dweight_reduction_groups():
+    """The dweight reduction shares a column block's partial rows among a cluster of 8, 4 or 2 CTAs where that
+    divides them into shares of at least ``REDUCE_MIN_SHARE`` rows; one CTA under the interpreter (no clusters) and
+    for counts no group size divides."""
+    assert [mosaic.reduce_groups(p, False) for p in (264, 132, 66, 32, 19, 16)] == [8, 4, 2, 2, 1, 1]
+    assert mosaic.reduce_groups(264, True) == 1
+
+
+def test_clustered_dweight_reduction_lowers_for_hopper(monkeypatch):
+    """At 33000×4096 the backward's 264 partial rows are reduced on clusters of 8 CTAs: the lowering for a Hopper
+    target (on CPU) holds the reduction's cluster (its CTAs' places in it); one CTA per column block holds none."""
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    partials = jax.ShapeDtypeStruct((264, 4096), jnp.float32)
+
+    def lowered() -> str:
+        return jax.jit(lambda p: mosaic._dweight_reduce(p, jnp.bfloat16, False)).trace(partials).lower(
+            lowering_platforms=("cuda",)).as_text()
+
+    text = lowered()
+    assert "mosaic_gpu_v2" in text and "cluster_block_id" in text
+    monkeypatch.setattr(mosaic, "reduce_groups", lambda parts, interpret: 1)
+    assert "cluster_block_id" not in lowered()
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_clustered_dweight_reduction(monkeypatch):
+    """4096×1024's backward sums 264 partial rows (2 CTAs per SM) on clusters of 8 CTAs, each adding a share of 33
+    rows before CTA 0 adds the shares through distributed shared memory: dweight within the rule, the same bits over
+    repeated launches. Broken variant: CTAs storing their own share's sum with no cluster exchange (every share
+    but one lost) fail the same check."""
+    from pallas_norm import mosaic_kernels
+
+    x, w, dy = jax_inputs((4096, 1024), jnp.bfloat16, 0.0, seed=21)
+    assert mosaic.reduce_groups(2 * backend.num_sms(), False) > 1
+    jax.clear_caches()
+    check_jax(x, w, dy, "mosaic")
+    run = jax.jit(lambda x, w, dy: jax_vjp("mosaic", x, w, dy))
+    first = [np.asarray(a) for a in run(x, w, dy)]
+    for _ in range(30):
+        for a, b in zip(run(x, w, dy), first):
+            np.testing.assert_array_equal(np.asarray(a), b)
+    real = mosaic_kernels._dweight_reduce_kernel
+
+    def own_share_only(dwp_g, dw_g, *scratch, parts, cols, unroll, groups):
+        real(dwp_g, dw_g, parts=parts // groups, cols=cols, unroll=unroll, groups=1)
+
+    monkeypatch.setattr(mosaic, "_dweight_reduce_kernel", own_share_only)
+    jax.clear_caches()
+    try:
+        assert judge(x, w, dy, jax_vjp("mosaic", x, w, dy))
+    finally:
+        jax.clear_caches()  # no later test may find the broken variant's traces
+
+
 @pytest.mark.parametrize("capable", [True, False])
 def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
