@@ -37,7 +37,9 @@ lowering's backward there runs on column bands (``pallas_config.BANDS``, ``bands
 lowering's forward reads 2.72 TB/s against Mosaic GPU's clusters' 2.36 (the sweep launched both through torch,
 ``sweep_h100_bfloat16_llama_bands_groups.md``), so the forward runs on Mosaic GPU only up to 131072 columns.
 Eleventh session: the bands run one-warp programs (no shared memory: XLA's launch keeps the driver's carveout), JAX
-at 1024×262144 fwd 2.81, bwd 2.77 TB/s; below 262144 they were not timed against Mosaic GPU yet.
+at 1024×262144 fwd 2.81, bwd 2.77 TB/s. Twelfth session, timed from JAX below 262144: they tie Mosaic GPU at 65536
+and 131072 columns and lose at 32768 (8192×32768 fwd 2.68 against 2.74, bwd 2.63 against 2.79; docs/benchmarks.md),
+so the table stands.
 """
 
 from __future__ import annotations
