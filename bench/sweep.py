@@ -187,6 +187,9 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
             (2048, 4096, 8192), (2, 4, 8))]
         if backward:
             grid += [dict(programs_per_sm=p) for p in (1, 3)]
+            grid += [dict(prefetch=not base.prefetch)]
+            grid += [dict(block_m=max(1, e // base.block_n), num_warps=w, programs_per_sm=p, prefetch=True)
+                     for e, w, p in itertools.product((4096, 8192), (8, 16), (1, 2))]  # the Pallas design's
     else:
         grid = [dict(block_n=c, num_warps=w) for c, w in itertools.product((4096, 8192, 16384), (8, 16))]
         if not backward and not quick:  # the long-row forward's persistent grid

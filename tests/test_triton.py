@@ -97,6 +97,42 @@ def test_backward_one_program_and_partials(monkeypatch, one_program_elems, casti
     assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
 
 
+@pytest.mark.parametrize("casting", CASTINGS)
+@pytest.mark.parametrize("config", [
+    triton_config.Config(block_m=4, block_n=512, num_warps=2, programs_per_sm=1, one_program_elems=0),
+    triton_config.Config(block_m=1, block_n=256, num_warps=1, programs_per_sm=1, one_program_elems=0,
+                         rowdot_block_n=256, rowdot_warps=1)], ids=["resident", "chunked"])
+def test_backward_prefetch_changes_no_bits(config, casting):
+    """Loading the next row block before the current one's math (``prefetch``) gives the bits of the plain walk,
+    over a persistent grid with a ragged last block (37 rows, 2 programs here); the result is also held to the
+    float64 rule, which fails a block paired with its successor's rstd (what a prefetch off by one block does)."""
+    offset = 1.0 if casting == "gemma" else 0.0
+    x, w, dy = torch_inputs((37, 300), torch.bfloat16, offset, seed=4)
+    kw = dict(offset=offset, casting=casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **kw)
+    plain = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
+    fetched = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True,
+                                          config=dataclasses.replace(config, prefetch=True))
+    for a, b in zip(plain, fetched):
+        assert torch.equal(a, b)
+    assert judge(x, w, dy, (y, *fetched), eps=1e-6, **kw) == []
+    shifted = torch.cat([rstd[config.block_m:], rstd[:config.block_m]])  # every block sees its successor's rstd
+    wrong = triton_kernels.rms_norm_bwd(dy, x, w, shifted, offset, casting, True, True,
+                                        config=dataclasses.replace(config, prefetch=True))
+    assert judge(x, w, dy, (y, *wrong), eps=1e-6, **kw) != []
+
+
+def test_backward_heuristic_prefetches_resident_rows():
+    """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192); per-head
+    rows (128, 256), 16384-column rows and chunked rows do not."""
+    picks = {n: (c.prefetch, c.programs_per_sm) for n in (128, 256, 512, 2304, 5120, 8192, 16384, 65536)
+             for c in [triton_config.backward_config(n)]}
+    assert picks == {128: (False, 2), 256: (False, 2), 512: (True, 2), 2304: (True, 2), 5120: (True, 1),
+                     8192: (True, 1), 16384: (False, 2), 65536: (False, 2)}
+    with pytest.raises(ValueError, match="prefetch"):
+        triton_config.Config(block_m=1, block_n=256, num_warps=1, prefetch=1)
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match="block_n must be a power of two"):
         triton_config.Config(block_m=1, block_n=300, num_warps=4)

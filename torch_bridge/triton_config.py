@@ -24,6 +24,12 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md): the backward in 4 groups 2.54 TB/s against 2.16 for the
 # tenth session's 4-warp programs on 2048-column bands of 2 rows; the forward in 8 groups 2.65 against 2.54
 # (bench/results/triton_bands_h100.md: 1.76 chunked).
+# The resident backward loads its next row block before the current one's math for padded rows of BWD_PREFETCH_N
+# (the Pallas kernels' design), one program per SM at 8192 columns. H100 bf16, CUDA events (twelfth session,
+# bench/results/sweep_h100_bfloat16_llama_triton_bwd.md): 32768×1024 2.21 → 2.39 TB/s, 32768×2048 2.46 → 2.70,
+# 32768×2304 2.03 → 2.36, 32768×3584 2.49 → 2.78, 32768×4096 2.64 → 2.83, 32768×5120 2.07 → 2.55, 32768×8192 2.55
+# → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
+BWD_PREFETCH_N = (512, 8192)
 BANDS_MIN_N = 262144
 BANDS_COLS = 1024
 BANDS_MAX_PER_SM = 4
@@ -48,7 +54,8 @@ class Config:
     itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
     is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column
     bands of ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
-    ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...)."""
+    ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch``
+    (the resident backward): the next row block is loaded before the current one's math."""
 
     block_m: int
     block_n: int
@@ -59,6 +66,7 @@ class Config:
     one_program_elems: int = ONE_PROGRAM_ELEMS
     lag: int = 0
     groups: int = 1
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -73,6 +81,8 @@ class Config:
             raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
             raise ValueError(f"groups must be an int >= 1, got {self.groups!r}")
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"prefetch must be a bool, got {self.prefetch!r}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -109,15 +119,17 @@ def chunked_forward_config() -> Config:
 
 @functools.cache
 def backward_config(n: int, sms: int = 132) -> Config:
-    """One warp per 512 tile elements (x, dy and a dweight partial are live); long rows in chunks of
-    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
-    of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    """One warp per 512 tile elements (x, dy and a dweight partial are live), the next row block prefetched for
+    ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from
+    ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
     if (bands := _bands(n, sms, BWD_BANDS_PER_SM)) is not None:
         return bands
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
-        return Config(block_m, block_n, _warps(block_m * block_n, 512))
+        lo, hi = BWD_PREFETCH_N
+        return Config(block_m, block_n, _warps(block_m * block_n, 512), prefetch=lo <= block_n <= hi,
+                      programs_per_sm=1 if block_n == hi else BWD_PROGRAMS_PER_SM)
     return chunked_backward_config()
 
 

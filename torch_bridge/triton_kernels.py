@@ -116,17 +116,29 @@ def _bwd_rowdot_kernel(X, W, DY, C, M, N, offset,
 
 
 @triton.jit
+def _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N):
+    """Row block ``rows``' raw x and dy tiles and rstd (rows past M read zeros)."""
+    row_mask = rows < M
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    mask = row_mask[:, None] & col_mask[None, :]
+    return tl.load(X + offs, mask=mask, other=0.0), tl.load(DY + offs, mask=mask, other=0.0), tl.load(
+        RSTD + rows, mask=row_mask, other=0.0)
+
+
+@triton.jit
 def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
-                CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, WDT: tl.constexpr,
-                EMULATE_BF16: tl.constexpr):
+                PREFETCH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
     dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk]; with
     DW_DIRECT (G == 1: the program saw every row) DWP is dweight itself, stored as WDT.
     With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
     HAS_DH (the fused add's backward, X being h): dx = r(dx_norm + dh_out), dh_out read from DH.
+    PREFETCH: the next row block's x, dy and rstd are loaded before the current one's math (in flight meanwhile;
+    the same values, hence the same bits).
     """
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,14 +147,21 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     if HAS_WEIGHT:
         w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
+    if PREFETCH:
+        x_next, dy_next, rstd_next = _bwd_block(X, DY, RSTD, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, col_mask,
+                                                M, N)
     for it in range(0, ITERS):
         rows = (it * G + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(X + offs, mask=mask, other=0.0).to(CT)
-        dy = tl.load(DY + offs, mask=mask, other=0.0).to(CT)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        if PREFETCH:
+            x, dy, rstd = x_next, dy_next, rstd_next
+            x_next, dy_next, rstd_next = _bwd_block(X, DY, RSTD, rows + G * BLOCK_M, cols, col_mask, M, N)
+        else:
+            x, dy, rstd = _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N)
+        x = x.to(CT)
+        dy = dy.to(CT)
         if NEED_DX:
             g = _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
             if SINGLE:
@@ -254,7 +273,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                           cdiv(row_blocks, g), offset),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
-                                      HAS_DH=has_dh, DW_DIRECT=direct, CASTING=CASTING_CODES[casting],
+                                      HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
+                                      CASTING=CASTING_CODES[casting],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
                                       num_warps=cfg.num_warps, **_common(x)),
                          interpret=INTERPRET)
