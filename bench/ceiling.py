@@ -4,7 +4,7 @@ The suite's percentages divide by one copy of 2 GiB (``timing.copy_tbps``). A ca
 fixed costs a 2 GiB copy hides (the grid's ramp-up, the first DRAM latency, the tail), so its ceiling is lower.
 This measures, per shape, a torch ``copy_`` moving the same bytes as the norm (forward: M·N·s read and written;
 backward: 1.5·M·N·s read and written, the same 3·M·N·s), timed as the suite times JAX providers (the kernels' own
-durations over ``reps`` rotated buffer sets, past L2), and ``rms_norm(impl=None)``'s forward and backward in the
+durations over ``timing.rotations`` buffer sets, past L2), and ``rms_norm(impl=None)``'s forward and backward in the
 same process, the same way.
 """
 
@@ -14,14 +14,13 @@ from bench import timing
 
 SHAPES = tuple((4096, n) for n in (1024, 2048, 2304, 3584, 4096, 5120, 8192, 16384)) + (
     (32768, 1024), (32768, 2304), (32768, 4096), (32768, 16384))
-SET_BYTES = 256 << 20  # rotate buffer sets until this many bytes: past the 50 MB L2 (bench.providers.jax_modes)
 
 
 def copy_tbps(nbytes: int) -> float:
     """TB/s (read + written) of a torch ``copy_`` of ``nbytes``, by its kernels' durations, over rotated buffers."""
     import torch
 
-    reps = max(1, min(8, SET_BYTES // nbytes))
+    reps = timing.rotations(nbytes)
     pairs = [(torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(),
               torch.empty(nbytes, dtype=torch.uint8, device="cuda")) for _ in range(reps)]
 

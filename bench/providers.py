@@ -21,7 +21,7 @@ import torch
 import pallas_norm
 import torch_bridge
 from bench.names import JAX_OURS, JAX_PEERS, TORCH_OURS, label
-from bench.timing import EPS, hf_formula
+from bench.timing import EPS, hf_formula, rotations
 from torch_bridge import dlpack_route, jax_device
 
 
@@ -50,7 +50,7 @@ def jax_modes(f: Callable, x, w, dy) -> dict[str, Callable]:
     """JAX-owned copies of the inputs, ``reps`` of them when one set is small (rotation past L2, and one jitted
     call runs the op ``reps`` times back to back, so per-call dispatch is not what is timed: inside a model the
     norm is part of one large jit). Each callable returns its outputs; the timer divides by ``.reps``."""
-    reps = max(1, min(8, (256 << 20) // (x.numel() * x.element_size())))
+    reps = rotations(x.numel() * x.element_size())
     sets = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in (x, w, dy))
             for _ in range(reps)]
     vjps = functools.cache(lambda: [jax.vjp(f, a, b)[1] for a, b, _ in sets])  # first "bwd" call: a backward

@@ -54,6 +54,12 @@ def kernel_us(run: Callable, calls: int, sync: Callable) -> dict[str, float]:
     return {e.key: e.self_device_time_total / calls for e in prof.key_averages() if e.device_type == DeviceType.CUDA}
 
 
+def rotations(nbytes: int) -> int:
+    """Copies of a call's inputs to rotate through so that together they pass the H100's 50 MB L2 (256 MB, at most
+    8): each timed call then reads from memory, as inside a model."""
+    return max(1, min(8, (256 << 20) // nbytes))
+
+
 def time_jax(fn: Callable, iters: int = 20) -> float:
     """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
     ``iters`` calls, after a warm-up call.
