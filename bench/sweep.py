@@ -77,8 +77,9 @@ def band_candidates(base: pallas_config.Config, n: int) -> list[pallas_config.Co
     sms = backend.num_sms()
 
     def make(c, r, w, k, p, carry):
+        bands = -(-n // c)
         return dataclasses.replace(base, block_cols=c, block_rows=r, num_warps=w, lag=k, prefetch=True, carry=carry,
-                                   programs=-(-n // c) * max(1, p * sms // -(-n // c)))
+                                   programs=bands * pallas_config.band_groups(bands, p, sms))
 
     grid = [(c, r, 1, k, p, False) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2, 3), (8, 16, 24))
             if c * r <= 2048 and (k == 2 or (r == 1 and p != 24))]

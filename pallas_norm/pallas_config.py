@@ -179,8 +179,14 @@ def bands_config(m: int, n: int, *, backward: bool, min_cols: int = BANDS_MIN_CO
     bands = cdiv(n, cols)
     if n < min_cols or bands > BANDS_MAX_PER_SM * sms:
         return None
-    programs = bands * max(1, per_sm * sms // bands)  # bands × row groups
+    programs = bands * band_groups(bands, per_sm, sms)
     return fit(Config(rows, cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n, backward=backward)
+
+
+def band_groups(bands: int, per_sm: int, sms: int) -> int:
+    """Row groups of a band grid asking ``per_sm`` programs per SM of a GPU of ``sms`` SMs (at least one): the grid
+    is ``bands`` × groups programs (both stacks' band heuristics, and the sweep's band candidates)."""
+    return max(1, per_sm * sms // bands)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

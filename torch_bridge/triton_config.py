@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from pallas_norm import pallas_config
+
 FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass; the backward)
 # The forward holds rows up to this length in registers (16 warps: 64 elements per thread at 32768). H100, bf16,
 # kernels timed (2026-11-24, fifth session): 8192×32768 3.00 TB/s against 2.36 in column chunks (the fused add
@@ -17,10 +19,10 @@ BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
-# Rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``; pallas_config's design and
-# choice): 1024-column bands (``BANDS_COLS``) of one row per block, one warp per program, lag 2, in row groups: the
-# backward ``BWD_BANDS_PER_SM`` programs per SM, the forward ``FWD_BANDS_PER_SM``; rows with more than
-# ``BANDS_MAX_PER_SM`` bands per SM stay chunked. H100, bf16, 1024×262144 (eleventh session,
+# Rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``): the Pallas kernels'
+# band heuristic, read from its tables (``pallas_config.BANDS``/``FWD_BANDS``: 1024-column bands of one row per block,
+# one warp per program, lag 2, in row groups; the backward 8 programs per SM, the forward 16; rows with more than
+# ``BANDS_MAX_PER_SM`` bands per SM stay chunked). H100, bf16, 1024×262144 (eleventh session,
 # bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md): the backward in 4 groups 2.54 TB/s against 2.16 for the
 # tenth session's 4-warp programs on 2048-column bands of 2 rows; the forward in 8 groups 2.65 against 2.54
 # (bench/results/triton_bands_h100.md: 1.76 chunked).
@@ -30,12 +32,7 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # 32768×2304 2.03 → 2.36, 32768×3584 2.49 → 2.78, 32768×4096 2.64 → 2.83, 32768×5120 2.07 → 2.55, 32768×8192 2.55
 # → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
 BWD_PREFETCH_N = (512, 8192)
-BANDS_MIN_N = 262144
-BANDS_COLS = 1024
-BANDS_MAX_PER_SM = 4
-BANDS_LAG = 2
-BWD_BANDS_PER_SM = 8
-FWD_BANDS_PER_SM = 16
+BANDS_MIN_N, BANDS_MAX_PER_SM = pallas_config.BANDS_MIN_COLS, pallas_config.BANDS_MAX_PER_SM
 
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
@@ -88,14 +85,15 @@ class Config:
         return self.block_n < n
 
 
-def _bands(n: int, sms: int, per_sm: int) -> Config | None:
-    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs, in row groups filling ``per_sm`` programs
-    per SM; None where rows take no bands (shorter than ``BANDS_MIN_N``, or more than ``BANDS_MAX_PER_SM`` bands per
-    SM)."""
-    bands = -(-n // BANDS_COLS)
+def _bands(n: int, sms: int, table: tuple) -> Config | None:
+    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from a Pallas band table (``(columns, rows,
+    warps, lag, prefetch, programs per SM)``; prefetch is a Pallas kernels' option); None where rows take no bands
+    (shorter than ``BANDS_MIN_N``, or more than ``BANDS_MAX_PER_SM`` bands per SM)."""
+    cols, rows, warps, lag, _, per_sm = table
+    bands = -(-n // cols)
     if n < BANDS_MIN_N or bands > BANDS_MAX_PER_SM * sms:
         return None
-    return Config(1, BANDS_COLS, 1, lag=BANDS_LAG, groups=max(1, per_sm * sms // bands))
+    return Config(rows, cols, warps, lag=lag, groups=pallas_config.band_groups(bands, per_sm, sms))
 
 
 @functools.cache
@@ -103,7 +101,7 @@ def forward_config(n: int, sms: int = 132) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
     most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
     from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if (bands := _bands(n, sms, FWD_BANDS_PER_SM)) is not None:
+    if (bands := _bands(n, sms, pallas_config.FWD_BANDS)) is not None:
         return bands
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
@@ -122,7 +120,7 @@ def backward_config(n: int, sms: int = 132) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live), the next row block prefetched for
     ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from
     ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if (bands := _bands(n, sms, BWD_BANDS_PER_SM)) is not None:
+    if (bands := _bands(n, sms, pallas_config.BANDS)) is not None:
         return bands
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
