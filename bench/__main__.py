@@ -9,6 +9,7 @@
     python -m bench fused [--quick] [--out DIR]
     python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
     python -m bench ceiling [--out DIR]    # a copy of each shape's bytes beside impl=None's kernels
+    python -m bench contention [--out DIR] # the band kernels alone and beside other streams' kernels
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -18,7 +19,8 @@ large-call cost, layer by layer, and which providers a CUDA graph can capture. s
 and Gemma2 stacks, norms by provider (and with the residual add fused). fused: the fused residual add + norm
 against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XLA's launch (the most shared
 memory, the least L1) costs the same binary. ceiling: what a copy of the same bytes reaches at each shape
-(the suite divides by a 2 GiB copy). summary: the README's speed table from the committed
+(the suite divides by a 2 GiB copy). contention: the column-band kernels (whose row groups must be co-resident)
+alone and beside other streams' kernels. summary: the README's speed table from the committed
 results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
@@ -32,7 +34,7 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "render", "summary")
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
@@ -117,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     fu.add_argument("--out", default="bench/results")
     sub.add_parser("carveout").add_argument("--out", default="bench/results")
     sub.add_parser("ceiling").add_argument("--out", default="bench/results")
+    sub.add_parser("contention").add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -184,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = carveout.run()
         return _write(carveout, result, out / f"carveout_{timing.gpu_slug(result['env']['gpu'])}")
+    if args.command == "contention":
+        from bench import contention
+
+        result = contention.run()
+        return _write(contention, result, out / f"contention_{timing.gpu_slug(result['env']['gpu'])}")
     if args.command == "ceiling":
         from bench import ceiling
 

@@ -22,7 +22,7 @@ from bench import ptxas, timing
 from pallas_norm import backend, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
-BAND_CANDIDATE_COLS = 32768  # below the heuristic's bands (BANDS_MIN_COLS), long rows also sweep band configs
+BAND_CANDIDATE_COLS = 16384  # below the heuristics' bands, rows from this long also sweep band configs
 SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 4096), (32768, 5120), (32768, 8192),
           (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
@@ -45,7 +45,7 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
     extra = []
     if n >= BAND_CANDIDATE_COLS:  # long rows off the bands: the band layout as a candidate (bands_only: and more)
         banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)
-        extra = [banded] + (band_candidates(banded, n) if bands_only else [])
+        extra = [banded] + (band_candidates(banded, n)[:4 if quick else None] if bands_only else [])
     if bands_only:
         return [None] + extra
     if base.resident(n):
@@ -173,8 +173,28 @@ def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
     return (triton_config.backward_config if backward else triton_config.forward_config)(n, backend.num_sms())
 
 
-def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Config | None]:
+def triton_band_candidates(n: int, backward: bool) -> list[triton_config.Config]:
+    """Band configs of the Triton reference for rows it does not band (from ``BAND_CANDIDATE_COLS``): the
+    band heuristic's layout (one-warp programs on 1024-column bands of one row, lag 2) at 4, 8 and 16 programs per
+    SM, and 4-warp programs on 2048-column bands (1 or 2 rows) at 2 to 8."""
+    sms = backend.num_sms()
+    base = triton_config.bands_config(n, sms, backward=backward, min_n=0)
+    if base is None:
+        return []
+    groups = lambda cols, per_sm: pallas_config.band_groups(-(-n // cols), per_sm, sms)  # noqa: E731
+    out = [dataclasses.replace(base, block_n=1024, block_m=1, num_warps=1, groups=groups(1024, p)) for p in (4, 8, 16)]
+    out += [dataclasses.replace(base, block_n=2048, block_m=r, num_warps=4, groups=groups(2048, p))
+            for r, p in ((1, 4), (1, 8), (2, 2), (2, 4))]
+    return list(dict.fromkeys(out))
+
+
+def triton_configs(n: int, backward: bool, quick: bool, bands_only: bool = False) -> list[triton_config.Config | None]:
+    """The Triton reference's heuristic (None) and alternatives around it (``bands_only``: its band configs alone,
+    or for rows it does not band, ``triton_band_candidates``)."""
     base = _triton_heuristic(n, backward)
+    extra = triton_band_candidates(n, backward) if not base.lag and n >= BAND_CANDIDATE_COLS else []
+    if bands_only and not base.lag:
+        return [None] + extra
     if base.lag:  # column bands: band × rows × lag × row groups (4 warps; one warp), and the chunked path
         grid = [(c, r, k, g) for c, r, k, g in itertools.product((1024, 2048), (1, 2, 4), (1, 2, 3), (1, 2, 4))
                 if c * r <= 4096 * (1 if backward else 2) and (k == 2 or (c, r) in ((1024, 1), (2048, 2)))]
@@ -196,7 +216,7 @@ def triton_configs(n: int, backward: bool, quick: bool) -> list[triton_config.Co
         if not backward and not quick:  # the long-row forward's persistent grid
             grid += [dict(block_n=16384, num_warps=w, programs_per_sm=p)
                      for w, p in itertools.product((16, 32), (1, 2, 4))]
-    return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)]
+    return [None] + [dataclasses.replace(base, **g) for g in (grid[:3] if quick else grid)] + extra
 
 
 def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas",
@@ -251,12 +271,13 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
     return rows
 
 
-def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool, modes: tuple[str, ...] = MODES) -> list[dict]:
+def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool, modes: tuple[str, ...] = MODES,
+                 bands_only: bool = False) -> list[dict]:
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     _, rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, casting)
     rows = []
     for backward in _directions(modes):
-        for cfg in triton_configs(n, backward, quick):
+        for cfg in triton_configs(n, backward, quick, bands_only):
             if backward:
                 call = lambda cfg=cfg: triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, casting, True, True,  # noqa
                                                                    config=cfg)
@@ -294,7 +315,7 @@ def run(shapes, dtype: str, casting: str, quick: bool, kernels: tuple[str, ...] 
     rows = []
     for m, n in shapes:
         for kernel in kernels:
-            rows += (_triton_rows(m, n, tdt, casting, quick, modes) if kernel == "triton" else
+            rows += (_triton_rows(m, n, tdt, casting, quick, modes, bands_only) if kernel == "triton" else
                      _pallas_rows(m, n, tdt, casting, quick, kernel, modes, bands_only, carveout))
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=dtype, casting=casting, copy_tbps=copy), rows=rows, carveout=carveout)

@@ -53,10 +53,11 @@ ONE_PROGRAM_ELEMS = 1 << 16
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
-# Rows of at least BANDS_MIN_COLS columns, both directions: column bands of every row (``bands.py``: x (and dy) read
-# once; the forward 2 passes, the backward 3), each band's programs walking the rows in ``groups`` interleaved row
-# groups (the grid: bands × groups, ``programs_per_sm`` per SM). A row group's bands must be co-resident to run at
-# speed (each waits for its peers' row sums); groups beyond what the GPU holds at once run in later waves.
+# Long rows (the backward from BANDS_MIN_COLS columns, the forward from FWD_BANDS_MIN_COLS): column bands of every row
+# (``bands.py``: x (and dy) read once; the forward 2 passes, the backward 3), each band's programs walking the rows in
+# ``groups`` interleaved row groups (the grid: bands × groups, ``programs_per_sm`` per SM). A row group's bands must be
+# co-resident to run at speed (each waits for its peers' row sums); groups beyond what the GPU holds at once run in
+# later waves.
 # Tenth session (bench/results/sweep_h100_bfloat16_llama_bands_groups.md): 4-warp programs on 2048-column bands of
 # 2 rows, the forward in 4 groups 2.72 TB/s, the backward in 2 groups 2.60, launched by torch. One group of many
 # rows per step keeps few programs per SM, each step a chain of dependent loads and reductions: more, smaller
@@ -70,7 +71,26 @@ BWD_CHUNKED = (4096, 16, 2, False)
 # 2.78 / 2.77 (bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md). Then (band columns, rows per block, warps,
 # lag, prefetch, programs per SM). Bands only while a row has at most BANDS_MAX_PER_SM bands per SM (N ≤ 540672 on an
 # H100): a group is then co-resident beside others; longer rows stay on the chunked paths.
-BANDS_MIN_COLS = 262144
+# Thirteenth session (H100, bf16, bench/results/sweep_h100_bfloat16_llama_pallas_bands_from_16384.md, torch-launched;
+# the one-warp bands use no shared memory, so XLA launches them the same): the band configs beat the resident
+# backward at 16384 columns, which spills and under XLA's carveout reads 1.72 (4096×16384: bands 2.33; 32768×16384
+# 1.94 → 2.63), and the chunked paths below 262144 (8192×32768 fwd 2.45 → 2.63, bwd 1.76 → 2.64; 4096×65536 2.39 →
+# 2.69, 1.77 → 2.67; 2048×131072 2.20 → 2.74, 1.76 → 2.72; the chunked figures at XLA's carveout): so the backward
+# takes bands from BANDS_MIN_COLS and the forward for rows longer than it holds (FWD_BANDS_MIN_COLS); the resident
+# forward at 16384 stays (2.72 at XLA's carveout against 2.48 on bands). On Hopper ``auto`` still runs Mosaic GPU
+# at 16384-131072 columns (faster there); this is the Triton lowering's own choice (``impl="pallas"``, pre-Hopper
+# GPUs, rows of no multiple of 128 columns). A backward small enough for one program keeps it (one launch).
+BANDS_MIN_COLS = 16384
+FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1
+# Program slots a band grid leaves free (``band_groups``). The one-warp backward takes 255 registers per thread, so
+# an SM holds 8: BANDS' 8 per SM is the GPU's whole capacity, and at 16384 columns (16 bands × 66 groups) the grid
+# filled it. Then one CTA of any other stream's kernel left a band of a group for a second wave, its peers spinning
+# to SPIN_LIMIT and recomputing (correct, slow). H100, bf16, beside one one-thread kernel on another stream
+# (thirteenth session, ``python -m bench contention``, bench/results/contention_h100.md; Triton reference / Pallas
+# kernels): 32768×16384 backward 2.54 → 1.70 / 2.62 → 1.87, 8192×32768 2.49 → 1.70 / 2.61 → 1.84 with every slot
+# asked; with 32 left free 2.49 → 2.49 / 2.57 → 2.57 and 2.46 → 2.49 / 2.61 → 2.55 (alone 0-2% below the full
+# grid). The 1024 programs of 262144 columns already left 32 free and held their speed.
+BANDS_SPARE = 32
 BANDS_MAX_PER_SM = 4
 BANDS = (1024, 1, 1, 2, True, 8)
 FWD_BANDS = (1024, 1, 1, 2, True, 16)
@@ -170,23 +190,27 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
                m, n, backward=True)
 
 
-def bands_config(m: int, n: int, *, backward: bool, min_cols: int = BANDS_MIN_COLS) -> Config | None:
+def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None) -> Config | None:
     """The heuristic's band config for an ``(m, n)`` launch (``BANDS``/``FWD_BANDS``), or None where rows are
-    shorter than ``min_cols`` or have more than ``BANDS_MAX_PER_SM`` bands per SM (the bench passes a lower
-    ``min_cols`` to time bands where the heuristic does not take them)."""
+    shorter than ``min_cols`` (default ``BANDS_MIN_COLS`` / ``FWD_BANDS_MIN_COLS``; the bench passes 0 to time bands
+    where the heuristic does not take them), have more than ``BANDS_MAX_PER_SM`` bands per SM, or the backward is
+    small enough for one program (``one_program``: one launch storing dweight)."""
     sms = backend.num_sms()
     cols, rows, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
+    if min_cols is None:
+        min_cols = BANDS_MIN_COLS if backward else FWD_BANDS_MIN_COLS
     bands = cdiv(n, cols)
-    if n < min_cols or bands > BANDS_MAX_PER_SM * sms:
+    if n < min_cols or bands > BANDS_MAX_PER_SM * sms or (backward and one_program(m, n)):
         return None
     programs = bands * band_groups(bands, per_sm, sms)
     return fit(Config(rows, cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n, backward=backward)
 
 
 def band_groups(bands: int, per_sm: int, sms: int) -> int:
-    """Row groups of a band grid asking ``per_sm`` programs per SM of a GPU of ``sms`` SMs (at least one): the grid
-    is ``bands`` × groups programs (both stacks' band heuristics, and the sweep's band candidates)."""
-    return max(1, per_sm * sms // bands)
+    """Row groups of a band grid asking ``per_sm`` programs per SM of a GPU of ``sms`` SMs, less ``BANDS_SPARE``
+    program slots (at least one group): the grid is ``bands`` × groups programs (both stacks' band heuristics, and
+    the sweep's band candidates)."""
+    return max(1, (per_sm * sms - BANDS_SPARE) // bands)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

@@ -28,19 +28,23 @@ def test_slot_tiles_hold_four_slots_per_thread():
 
 
 @pytest.mark.parametrize("backward", [False, True])
-def test_heuristic_takes_bands_for_the_longest_rows_only(backward, monkeypatch):
-    """For an H100's 132 SMs (and a GPU of 114): bands from 262144 columns, at most ``BANDS_MAX_PER_SM`` per SM, in
-    row groups; rows with more bands per SM stay chunked."""
+def test_heuristic_takes_bands_for_long_rows(backward, monkeypatch):
+    """For an H100's 132 SMs (and a GPU of 114): bands for the backward from 16384 columns and the forward beyond the
+    16384 it holds, at most ``BANDS_MAX_PER_SM`` per SM, in row groups; rows with more bands per SM stay chunked, and
+    a backward small enough for one program stays one program."""
     from pallas_norm import backend
 
+    first = 16384 if backward else 16385
     for sms in (132, 114):
         monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
         per_sm = (pallas_config.BANDS if backward else pallas_config.FWD_BANDS)[-1]
-        for n in (pallas_config.BANDS_MIN_COLS, 300000):
+        for n in (first, 32768, 131072, 262144, 300000):
             config = pallas_config.heuristic(1024, n, backward=backward)
             assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
-            assert band_slots.groups(config, n) * config.chunks(n) == config.programs <= per_sm * sms
-        assert not pallas_config.heuristic(1024, 131072, backward=backward).lag
+            slots = per_sm * sms - pallas_config.BANDS_SPARE  # some left free for other streams' kernels
+            assert band_slots.groups(config, n) * config.chunks(n) == config.programs <= slots
+        assert not pallas_config.heuristic(1024, first - 1, backward=backward).lag
+        assert bool(pallas_config.heuristic(2, 32768, backward=backward).lag) != backward  # one program: one launch
         longest = pallas_config.BANDS_MAX_PER_SM * sms * config.block_cols
         assert pallas_config.heuristic(16, longest, backward=backward).lag
         assert not pallas_config.heuristic(16, longest + 1, backward=backward).lag

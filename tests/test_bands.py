@@ -162,10 +162,13 @@ gpu = pytest.mark.gpu
 
 @gpu
 @pytest.mark.parametrize("shape,dtype", [((256, 262144), jnp.bfloat16), ((64, 262144), jnp.float32),
-                                         ((300, 300000), jnp.float16)])
+                                         ((300, 300000), jnp.float16), ((256, 16384), jnp.bfloat16),
+                                         ((100, 20000), jnp.float16), ((128, 65536), jnp.float32)])
 def test_gpu_bands_match_float64_rule(shape, dtype):
-    """The heuristics' band configs (``impl="pallas"`` runs both directions on bands from 262144 columns)."""
-    assert pallas_config.heuristic(*shape, backward=True).lag and pallas_config.heuristic(*shape, backward=False).lag
+    """The heuristics' band configs (``impl="pallas"`` runs the backward on bands from 16384 columns, the forward
+    beyond the 16384 it holds)."""
+    assert pallas_config.heuristic(*shape, backward=True).lag
+    assert bool(pallas_config.heuristic(*shape, backward=False).lag) == (shape[1] > pallas_config.MAX_RESIDENT_COLS)
     x, w, dy = jax_inputs(shape, dtype, 0.0, seed=1)
     check_jax(x, w, dy, KERNEL, eps=1e-6)
 

@@ -44,7 +44,7 @@ def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"]])
+@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"], ["contention"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
     assert bench_cli.main(argv) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
@@ -126,6 +126,33 @@ def test_targets_judge_the_jax_default_when_the_run_has_it():
     assert "## Targets (Pallas in JAX (faster lowering), `impl=None`, unless named)" in lines
     assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024 | ✗ |" in lines
     assert "`impl='pallas'`" in "\n".join(report.targets(fake_run(2.95)))
+
+
+def test_contention_table_has_a_column_per_sleeper_count():
+    """One row per kernel, mode, shape and spare: TB/s alone and beside each count of one-slot kernels."""
+    from bench import contention
+
+    env = dict(gpu="H100", date="2026-11-26", jax="0.11.2", torch="2.11", triton="3.6", copy_tbps=3.02)
+    rows = [dict(kernel="triton", mode="bwd", m=32768, n=16384, spare=0, programs=1056,
+                 tbps={"0": 2.54, "1": 1.72, "4": 1.72})]
+    text = contention.markdown(dict(env=env, rows=rows, spare=32, sleepers=[0, 1, 4]))
+    assert "| kernel | mode | M×N | spare | programs | alone | beside 1 | beside 4 |" in text
+    assert "|---|---|---|---|---|---|---|---|" in text
+    assert "| triton | bwd | 32768×16384 | 0 | 1056 | 2.54 | 1.72 | 1.72 |" in text
+
+
+def test_triton_sweep_offers_bands_where_its_heuristic_does_not(monkeypatch):
+    """From 16384 columns the Triton reference's sweep adds band configs (one-warp bands at 4, 8 and 16 programs
+    per SM, 4-warp bands on 2048 columns) to rows its heuristic does not band: the 16384-column forward."""
+    from bench import sweep
+    from pallas_norm import backend
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    configs = sweep.triton_configs(16384, False, quick=False)
+    bands = [c for c in configs[1:] if c.lag]
+    assert configs[0] is None and len(bands) == 7 and {c.num_warps for c in bands} == {1, 4}
+    assert sweep.triton_configs(16384, False, quick=False, bands_only=True) == [None] + bands
+    assert not any(c and c.lag for c in sweep.triton_configs(8192, False, quick=False))
 
 
 def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):

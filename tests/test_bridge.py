@@ -20,6 +20,7 @@ from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
+from pallas_norm import pallas_config
 from torch_bridge import (RMSNorm, cuda_driver, custom_ops, dlpack_route, jax_device, launch_route, rms_norm,
                           xla_binaries)
 
@@ -222,7 +223,9 @@ def test_launch_route_reads_lowered_modules_as_kernel_chains():
     device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
         fwd = launch_route.forward_program(8, 4096, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama")
-        bwd = launch_route.backward_program(8, 32768, torch.bfloat16, torch.float32, 1.0, "gemma")
+        chunked = pallas_config.Config(block_rows=1, block_cols=4096, num_warps=16)  # 3 kernels (the heuristic: bands)
+        bwd = launch_route.parse_program(launch_route._lower_backward(
+            8, 32768, torch.bfloat16, torch.float32, 1.0, "gemma", chunked).compiler_ir("stablehlo"))
         xla = jax.jit(lambda a: a * 2).trace(jax.ShapeDtypeStruct((4,), jnp.float32)).lower()
     assert [c.name for c in fwd.calls] == ["pallas_norm_fwd"] and fwd.num_inputs == 2 and fwd.outputs == (2, 3)
     assert (fwd.input_shapes, fwd.input_dtypes) == (((8, 4096), (4096,)), (torch.bfloat16, torch.bfloat16))

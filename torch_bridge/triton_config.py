@@ -19,10 +19,10 @@ BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
-# Rows of at least BANDS_MIN_N columns (float32 compute) on column bands (``triton_bands``): the Pallas kernels'
-# band heuristic, read from its tables (``pallas_config.BANDS``/``FWD_BANDS``: 1024-column bands of one row per block,
-# one warp per program, lag 2, in row groups; the backward 8 programs per SM, the forward 16; rows with more than
-# ``BANDS_MAX_PER_SM`` bands per SM stay chunked). H100, bf16, 1024×262144 (eleventh session,
+# Long rows (float32 compute; from BANDS_MIN_N / FWD_BANDS_MIN_N columns, below) on column bands (``triton_bands``): the
+# Pallas kernels' band heuristic, read from its tables (``pallas_config.BANDS``/``FWD_BANDS``: 1024-column bands of one
+# row per block, one warp per program, lag 2, in row groups; the backward 8 programs per SM, the forward 16; rows with
+# more than ``BANDS_MAX_PER_SM`` bands per SM stay chunked). H100, bf16, 1024×262144 (eleventh session,
 # bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md): the backward in 4 groups 2.54 TB/s against 2.16 for the
 # tenth session's 4-warp programs on 2048-column bands of 2 rows; the forward in 8 groups 2.65 against 2.54
 # (bench/results/triton_bands_h100.md: 1.76 chunked).
@@ -32,7 +32,17 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # 32768×2304 2.03 → 2.36, 32768×3584 2.49 → 2.78, 32768×4096 2.64 → 2.83, 32768×5120 2.07 → 2.55, 32768×8192 2.55
 # → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
 BWD_PREFETCH_N = (512, 8192)
-BANDS_MIN_N, BANDS_MAX_PER_SM = pallas_config.BANDS_MIN_COLS, pallas_config.BANDS_MAX_PER_SM
+BANDS_MAX_PER_SM = pallas_config.BANDS_MAX_PER_SM
+# The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS``
+# (16384), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98 TB/s at
+# 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
+# bench/results/sweep_h100_bfloat16_llama_triton_bands_from_16384.md): backward 4096×16384 2.12 → 2.31,
+# 32768×16384 2.55 → 2.55, 8192×32768 1.78 → 2.53, 4096×65536 1.78 → 2.55, 2048×131072 1.77 → 2.56; forward
+# 4096×65536 2.11 → 2.61, 2048×131072 1.96 → 2.62 (the band tables' 8 and 16 programs per SM the fastest of 4, 8
+# and 16 at every shape; the grid then leaves ``pallas_config.BANDS_SPARE`` slots free for other streams' kernels).
+BANDS_MIN_N = pallas_config.BANDS_MIN_COLS  # the backward
+FWD_BANDS_MIN_N = FWD_RESIDENT_MAX_N + 1
+
 
 def next_pow2(v: int) -> int:
     return 1 if v <= 1 else 1 << (v - 1).bit_length()
@@ -85,13 +95,17 @@ class Config:
         return self.block_n < n
 
 
-def _bands(n: int, sms: int, table: tuple) -> Config | None:
-    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from a Pallas band table (``(columns, rows,
-    warps, lag, prefetch, programs per SM)``; prefetch is a Pallas kernels' option); None where rows take no bands
-    (shorter than ``BANDS_MIN_N``, or more than ``BANDS_MAX_PER_SM`` bands per SM)."""
-    cols, rows, warps, lag, _, per_sm = table
+def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) -> Config | None:
+    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables
+    (``pallas_config.BANDS``/``FWD_BANDS``: ``(columns, rows, warps, lag, prefetch, programs per SM)``; prefetch is a
+    Pallas kernels' option); None where rows take no bands: shorter than ``min_n`` (default ``BANDS_MIN_N`` /
+    ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic does not take them), or more than
+    ``BANDS_MAX_PER_SM`` bands per SM."""
+    cols, rows, warps, lag, _, per_sm = pallas_config.BANDS if backward else pallas_config.FWD_BANDS
+    if min_n is None:
+        min_n = BANDS_MIN_N if backward else FWD_BANDS_MIN_N
     bands = -(-n // cols)
-    if n < BANDS_MIN_N or bands > BANDS_MAX_PER_SM * sms:
+    if n < min_n or bands > BANDS_MAX_PER_SM * sms:
         return None
     return Config(rows, cols, warps, lag=lag, groups=pallas_config.band_groups(bands, per_sm, sms))
 
@@ -100,8 +114,9 @@ def _bands(n: int, sms: int, table: tuple) -> Config | None:
 def forward_config(n: int, sms: int = 132) -> Config:
     """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
     most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
-    from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if (bands := _bands(n, sms, pallas_config.FWD_BANDS)) is not None:
+    from ``FWD_BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute
+    only)."""
+    if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
@@ -120,7 +135,7 @@ def backward_config(n: int, sms: int = 132) -> Config:
     """One warp per 512 tile elements (x, dy and a dweight partial are live), the next row block prefetched for
     ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from
     ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if (bands := _bands(n, sms, pallas_config.BANDS)) is not None:
+    if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
