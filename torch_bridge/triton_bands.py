@@ -1,5 +1,5 @@
 """The Triton reference on column bands of long rows (``triton_config.Config.lag``): the design of
-``pallas_norm/bands.py`` in plain Triton, so both stacks read each row operand from memory once at 262144+ columns.
+``pallas_norm/bands.py`` in plain Triton, so both stacks read each row operand from memory once on long rows.
 
 One program per band of ``block_n`` columns of every row (a co-resident grid of ``cdiv(N, block_n)`` programs),
 rows walked in blocks of ``block_m``: block ``t``'s band is loaded (kept in L2) and each row's partial sum over the

@@ -1,7 +1,7 @@
 """Triton RMSNorm kernels (forward + backward) implementing ``docs/semantics.md``.
 
 Row math lives in ``@triton.jit`` helpers (``triton_rowmath``) used by both directions and by the band backward
-(``triton_bands``, which the backward hands rows of 262144+ columns):
+(``triton_bands``, which both directions hand long rows: ``triton_config.BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``):
 
     y    = r(n * w_eff)
     dweight = sum over rows of dy * n, float32 per-program partials summed in a fixed order.
