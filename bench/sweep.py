@@ -22,7 +22,7 @@ from bench import ptxas, timing
 from pallas_norm import backend, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
-BAND_CANDIDATE_COLS = 16384  # below the heuristics' bands, rows from this long also sweep band configs
+BAND_CANDIDATE_COLS = 8192  # below the heuristics' bands, rows longer than this also sweep band configs
 SHAPES = ((32768, 1024), (32768, 2048), (32768, 2304), (32768, 3584), (32768, 4096), (32768, 5120), (32768, 8192),
           (4096, 16384), (32768, 16384), (8192, 32768), (4096, 65536), (1024, 262144))
 QUICK_SHAPES = ((32768, 4096),)
@@ -34,7 +34,7 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
                    bands_only: bool = False) -> list[pallas_config.Config | None]:
     """The heuristic's config (None) and alternatives around it: rows per program × warps (× prefetch for the
     backward) for resident rows; chunk width × warps × prefetch (× persistent grid size for the forward) for
-    long rows, and band configs from ``BAND_CANDIDATE_COLS`` columns (``bands_only``: the heuristic's, the band
+    long rows, and band configs beyond ``BAND_CANDIDATE_COLS`` columns (``bands_only``: the heuristic's, the band
     heuristic's and ``band_candidates`` alone)."""
     base = pallas_config.heuristic(m, n, backward=backward)
     sms = backend.num_sms()
@@ -43,7 +43,7 @@ def pallas_configs(m: int, n: int, backward: bool, quick: bool,
     if base.lag:  # column bands: band × rows × warps × lag × prefetch × row groups, and the chunked path
         return [None] + band_configs(base, n, backward, quick)
     extra = []
-    if n >= BAND_CANDIDATE_COLS:  # long rows off the bands: the band layout as a candidate (bands_only: and more)
+    if n > BAND_CANDIDATE_COLS:  # long rows off the bands: the band layout as a candidate (bands_only: and more)
         banded = pallas_config.bands_config(m, n, backward=backward, min_cols=0)
         extra = [banded] + (band_candidates(banded, n)[:4 if quick else None] if bands_only else [])
     if bands_only:
@@ -174,7 +174,7 @@ def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
 
 
 def triton_band_candidates(n: int, backward: bool) -> list[triton_config.Config]:
-    """Band configs of the Triton reference for rows it does not band (from ``BAND_CANDIDATE_COLS``): the
+    """Band configs of the Triton reference for rows it does not band (longer than ``BAND_CANDIDATE_COLS``): the
     band heuristic's layout (one-warp programs on 1024-column bands of one row, lag 2) at 4, 8 and 16 programs per
     SM, and 4-warp programs on 2048-column bands (1 or 2 rows) at 2 to 8."""
     sms = backend.num_sms()
@@ -192,7 +192,7 @@ def triton_configs(n: int, backward: bool, quick: bool, bands_only: bool = False
     """The Triton reference's heuristic (None) and alternatives around it (``bands_only``: its band configs alone,
     or for rows it does not band, ``triton_band_candidates``)."""
     base = _triton_heuristic(n, backward)
-    extra = triton_band_candidates(n, backward) if not base.lag and n >= BAND_CANDIDATE_COLS else []
+    extra = triton_band_candidates(n, backward) if not base.lag and n > BAND_CANDIDATE_COLS else []
     if bands_only and not base.lag:
         return [None] + extra
     if base.lag:  # column bands: band × rows × lag × row groups (4 warps; one warp), and the chunked path

@@ -79,8 +79,11 @@ BWD_CHUNKED = (4096, 16, 2, False)
 # takes bands from BANDS_MIN_COLS and the forward for rows longer than it holds (FWD_BANDS_MIN_COLS); the resident
 # forward at 16384 stays (2.72 at XLA's carveout against 2.48 on bands). On Hopper ``auto`` still runs Mosaic GPU
 # at 16384-131072 columns (faster there); this is the Triton lowering's own choice (``impl="pallas"``, pre-Hopper
-# GPUs, rows of no multiple of 128 columns). A backward small enough for one program keeps it (one launch).
-BANDS_MIN_COLS = 16384
+# GPUs, rows of no multiple of 128 columns). A backward small enough for one program keeps it (one launch). Then
+# below 16384 (bench/results/sweep_h100_bfloat16_llama_pallas_bands_below_16384.md): the resident backward pads
+# 8193-16383 columns to 16384 and spills; at XLA's carveout it read 1.83 / 2.28 at 4096 / 32768×12288 and 1.69 /
+# 2.23 at ×10240, bands 2.00 / 2.50 and 1.82 / 2.24: the backward takes bands for rows longer than 8192.
+BANDS_MIN_COLS = 8193
 FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1
 # Program slots a band grid leaves free (``band_groups``). The one-warp backward takes 255 registers per thread, so
 # an SM holds 8: BANDS' 8 per SM is the GPU's whole capacity, and at 16384 columns (16 bands × 66 groups) the grid

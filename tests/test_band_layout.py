@@ -29,16 +29,16 @@ def test_slot_tiles_hold_four_slots_per_thread():
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_heuristic_takes_bands_for_long_rows(backward, monkeypatch):
-    """For an H100's 132 SMs (and a GPU of 114): bands for the backward from 16384 columns and the forward beyond the
+    """For an H100's 132 SMs (and a GPU of 114): bands for the backward beyond 8192 columns and the forward beyond the
     16384 it holds, at most ``BANDS_MAX_PER_SM`` per SM, in row groups; rows with more bands per SM stay chunked, and
     a backward small enough for one program stays one program."""
     from pallas_norm import backend
 
-    first = 16384 if backward else 16385
+    first = 8193 if backward else 16385
     for sms in (132, 114):
         monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
         per_sm = (pallas_config.BANDS if backward else pallas_config.FWD_BANDS)[-1]
-        for n in (first, 32768, 131072, 262144, 300000):
+        for n in (first, 20000, 32768, 131072, 262144, 300000):
             config = pallas_config.heuristic(1024, n, backward=backward)
             assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
             slots = per_sm * sms - pallas_config.BANDS_SPARE  # some left free for other streams' kernels

@@ -163,9 +163,10 @@ gpu = pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("shape,dtype", [((256, 262144), jnp.bfloat16), ((64, 262144), jnp.float32),
                                          ((300, 300000), jnp.float16), ((256, 16384), jnp.bfloat16),
-                                         ((100, 20000), jnp.float16), ((128, 65536), jnp.float32)])
+                                         ((100, 20000), jnp.float16), ((128, 65536), jnp.float32),
+                                         ((300, 10000), jnp.bfloat16)])
 def test_gpu_bands_match_float64_rule(shape, dtype):
-    """The heuristics' band configs (``impl="pallas"`` runs the backward on bands from 16384 columns, the forward
+    """The heuristics' band configs (``impl="pallas"`` runs the backward on bands beyond 8192 columns, the forward
     beyond the 16384 it holds)."""
     assert pallas_config.heuristic(*shape, backward=True).lag
     assert bool(pallas_config.heuristic(*shape, backward=False).lag) == (shape[1] > pallas_config.MAX_RESIDENT_COLS)

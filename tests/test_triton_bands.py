@@ -91,7 +91,7 @@ def test_float64_and_dweight_only_calls():
 
 def test_heuristic_takes_bands_for_long_rows():
     """One-warp programs on 1024-column bands of one row, in row groups (8 / 16 programs per SM), while a row has at
-    most ``BANDS_MAX_PER_SM`` bands per SM: the backward from 16384 columns, the forward for rows longer than the
+    most ``BANDS_MAX_PER_SM`` bands per SM: the backward beyond 8192 columns, the forward for rows longer than the
     32768 it holds in registers; ``BANDS_SPARE`` slots left free (16384 columns: 64 groups of 16 bands in the 8 × 132
     slots, not 66)."""
     assert triton_config.backward_config(262144, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=4)
@@ -100,7 +100,8 @@ def test_heuristic_takes_bands_for_long_rows():
     assert triton_config.forward_config(65536, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=32)
     for config in (triton_config.backward_config, triton_config.forward_config):
         assert config(540672, 132).lag and config(262144, 114).lag and config(32769, 132).lag
-        assert not config(16383, 132).lag and not config(540673, 132).lag  # 529 bands on 132 SMs: chunked
+        assert not config(8192, 132).lag and not config(540673, 132).lag  # 529 bands on 132 SMs: chunked
+    assert triton_config.backward_config(8193, 132).lag  # 9 bands, the last of one column
     assert not triton_config.forward_config(32768, 132).chunked(32768)  # held in registers
     with pytest.raises(ValueError, match="lag"):
         triton_config.Config(1, 1024, 4, lag=-1)
@@ -113,10 +114,11 @@ gpu = pytest.mark.gpu
 @pytest.mark.parametrize("shape,dtype,casting,offset", [((300, 300000), torch.float16, "gemma", 1.0),
                                                         ((64, 262144), torch.float32, "llama", 0.0),
                                                         ((256, 16384), torch.bfloat16, "llama", 0.0),
+                                                        ((300, 10000), torch.bfloat16, "gemma", 1.0),
                                                         ((100, 40000), torch.float16, "gemma", 1.0),
                                                         ((128, 65536), torch.float32, "none", 0.0)], ids=str)
 def test_gpu_bands_match_float64_rule(shape, dtype, casting, offset):
-    """The heuristics' configs: bands in both directions, but the forward of rows it holds (16384 columns)."""
+    """The heuristics' configs: bands in both directions, but the forward of rows it holds (up to 32768 columns)."""
     assert triton_config.backward_config(shape[1]).lag
     assert bool(triton_config.forward_config(shape[1]).lag) == (shape[1] > triton_config.FWD_RESIDENT_MAX_N)
     assert _run(shape, None, dtype, casting, offset) == []
