@@ -40,9 +40,9 @@ Eleventh session: the bands run one-warp programs (no shared memory: XLA's launc
 at 1024×262144 fwd 2.81, bwd 2.77 TB/s. Twelfth session, timed from JAX below 262144: they tie Mosaic GPU at 65536
 and 131072 columns and lose at 32768 (8192×32768 fwd 2.68 against 2.74, bwd 2.63 against 2.79; docs/benchmarks.md),
 so the table stands. Thirteenth session: the Triton lowering's backward moved to those bands beyond 8192 columns,
-its forward beyond 16384 (``pallas_config.BANDS_MIN_COLS``); from JAX, bf16 (``bench_h100_bfloat16_llama.md``) Mosaic GPU stays faster at
-16384-32768 columns (backward 32768×16384 2.89 against 2.62, 8192×32768 2.78 against 2.65) and ties at 65536-131072
-(4096×65536 2.68 against 2.70, 2048×131072 2.76 against 2.76): the table stands.
+its forward beyond 16384 (``pallas_config.BANDS_MIN_COLS``); from JAX, bf16 (``bench_h100_bfloat16_llama.md``)
+Mosaic GPU stays faster at 16384-32768 columns (backward 32768×16384 2.89 against 2.62, 8192×32768 2.78 against
+2.65) and ties at 65536-131072 (4096×65536 2.68 against 2.70, 2048×131072 2.76 against 2.76): the table stands.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_contention_table_has_a_column_per_sleeper_count():
 
 
 def test_triton_sweep_offers_bands_where_its_heuristic_does_not(monkeypatch):
-    """From 16384 columns the Triton reference's sweep adds band configs (one-warp bands at 4, 8 and 16 programs
+    """Beyond 8192 columns the Triton reference's sweep adds band configs (one-warp bands at 4, 8 and 16 programs
     per SM, 4-warp bands on 2048 columns) to rows its heuristic does not band: the 16384-column forward."""
     from bench import sweep
     from pallas_norm import backend

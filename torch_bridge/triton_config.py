@@ -33,15 +33,15 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
 BWD_PREFETCH_N = (512, 8192)
 BANDS_MAX_PER_SM = pallas_config.BANDS_MAX_PER_SM
-# The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS``
-# (rows longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98 TB/s at
-# 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
-# bench/results/sweep_h100_bfloat16_llama_triton_bands_from_16384.md): backward 4096×16384 2.12 → 2.31,
-# 32768×16384 2.55 → 2.55, 8192×32768 1.78 → 2.53, 4096×65536 1.78 → 2.55, 2048×131072 1.77 → 2.56; forward
-# 4096×65536 2.11 → 2.61, 2048×131072 1.96 → 2.62 (the band tables' 8 and 16 programs per SM the fastest of 4, 8
-# and 16 at every shape; the grid then leaves ``pallas_config.BANDS_SPARE`` slots free for other streams' kernels).
-# Below 16384 (sweep_h100_bfloat16_llama_triton_bands_below_16384.md, the grid with the spare): 4096×12288 1.90 →
-# 2.22, 32768×12288 2.31 → 2.53, 4096×10240 1.74 → 2.12, 32768×10240 2.12 → 2.47 (the resident row padded to 16384).
+# The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS`` (rows
+# longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
+# TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
+# bench/results/sweep_h100_bfloat16_llama_triton_bands_from_16384.md): backward 4096×16384 2.12 → 2.31, 32768×16384 2.55
+# → 2.55, 8192×32768 1.78 → 2.53, 4096×65536 1.78 → 2.55, 2048×131072 1.77 → 2.56; forward 4096×65536 2.11 → 2.61,
+# 2048×131072 1.96 → 2.62 (the band tables' 8 and 16 programs per SM the fastest of 4, 8 and 16 at every shape; the grid
+# then leaves ``pallas_config.BANDS_SPARE`` slots free for other streams' kernels). Below 16384
+# (sweep_h100_bfloat16_llama_triton_bands_below_16384.md, the grid with the spare): 4096×12288 1.90 → 2.22, 32768×12288
+# 2.31 → 2.53, 4096×10240 1.74 → 2.12, 32768×10240 2.12 → 2.47 (the resident row padded to 16384).
 BANDS_MIN_N = pallas_config.BANDS_MIN_COLS  # the backward
 FWD_BANDS_MIN_N = FWD_RESIDENT_MAX_N + 1
 
