@@ -14,7 +14,7 @@ import pallas_norm as pn
 from pallas_norm import pallas_config
 from pallas_norm.pallas_config import Config
 
-from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_HOPPER, check_jax, jax_inputs, jax_vjp
+from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_GPU, ON_HOPPER, check_jax, jax_inputs, jax_vjp
 
 CONFIGS = list(itertools.product(JAX_DTYPES, pn.CASTINGS, (0.0, 1.0)))
 # both lowerings' compiled kernels, for the GPU tests that hold each to the same contract
@@ -138,6 +138,23 @@ def test_small_backward_is_one_launch(casting):
         check_jax(x, w, dy, "interpret", bwd_config=bwd_config, **kw)
         jaxpr = str(jax.make_jaxpr(lambda a, b: jax_vjp("interpret", a, b, dy, bwd_config=bwd_config, **kw))(x, w))
         assert "pallas_norm_bwd" in jaxpr and ("pallas_norm_dweight_reduce" in jaxpr) == reduced
+
+
+@pytest.mark.parametrize("parts", [1, 8, 37])
+def test_dweight_reduction_adds_the_partials_in_order(parts):
+    """The reduction kernel (``kernels.reduce_dweight``: rows loaded ``REDUCE_UNROLL`` at a time, column tiles of
+    ``REDUCE_COLS``) gives the bits of adding the float32 partial rows one after another, p = 0, 1, ... (a ragged
+    last tile; 37: a remainder after the unrolled steps). Broken variant: the same rows added in reverse order."""
+    from pallas_norm import kernels
+
+    partials = jax.random.normal(jax.random.PRNGKey(parts), (parts, 1000), jnp.float32) * 1e3
+    want = np.zeros(1000, np.float32)
+    for row in np.asarray(partials):
+        want = want + row
+    np.testing.assert_array_equal(np.asarray(kernels.reduce_dweight(partials, jnp.float32, interpret=not ON_GPU)), want)
+    if parts > 1:
+        reverse = kernels.reduce_dweight(partials[::-1], jnp.float32, interpret=not ON_GPU)
+        assert not np.array_equal(np.asarray(reverse), want)
 
 
 def test_bad_configs():
