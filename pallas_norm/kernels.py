@@ -26,8 +26,10 @@ F32 = jnp.float32
 # The dweight reduction (the Triton lowering's; Mosaic GPU has its own): REDUCE_COLS columns per program, each summing
 # the partial rows in order with REDUCE_UNROLL loads issued before their adds (the same order: the same bits). Its
 # loop is a chain of loads, so the programs' count sets its speed. H100, bf16, kernels timed from JAX (thirteenth
-# session), 1024 columns and no unrolling → these: the band backward's reduction 15.5 → 4.9 µs at 4096×10240 (102
-# partial rows), 10.2 → 3.5 at 4096×16384, 15.5 → 5.7 at 32768×16384, 6.8 → 2.9 at 8192×32768 (2.1 at 1024×262144).
+# session, bench/results/dweight_reduce_h100.md), 1024 columns and no unrolling → these: the band backward's
+# reduction 15.5 → 4.9 µs at 4096×10240 (102 partial rows), 10.2 → 3.5 at 4096×16384; the persistent grid's 132
+# partial rows 25-28 → 5 µs, so impl=None's backward of per-head rows 2097152×128 2.52 → 2.60 TB/s and of rows of no
+# multiple of 128 columns 32768×1000 1.68 → 2.08, 4096×1000 0.66 → 1.68.
 REDUCE_COLS = 256
 REDUCE_UNROLL = 8
 
