@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,25 @@ def load(ref, mask: jnp.ndarray, *, other: float = 0.0, eviction: str | None = N
 def store(ref, value: jnp.ndarray, mask: jnp.ndarray) -> None:
     """Masked store of ``value`` into ``ref`` (already indexed with ``.at[...]``)."""
     _pl_triton().store(ref, value, mask=mask)
+
+
+def ordered_sum(load: Callable[[int | jax.Array, int], jax.Array], count: int, step: int,
+                acc: jax.Array) -> jax.Array:
+    """``acc`` plus the rows 0, 1, …, count - 1 added in that order (the same bits every run), inside a kernel of
+    either lowering: a ``fori_loop`` whose body issues ``step`` loads before adding them in order (neither lowering
+    unrolls or pipelines such a chain of loads: this keeps ``step`` of them in flight), then the remainder.
+    ``load(first, j)`` loads row ``first + j`` (the caller writes the index, offset as it needs). Both lowerings'
+    dweight reductions sum their partial rows with it."""
+
+    def add(first: int | jax.Array, n: int, total: jax.Array) -> jax.Array:
+        loaded = [load(first, j) for j in range(n)]
+        for value in loaded:
+            total = total + value
+        return total
+
+    steps = count // step
+    acc = jax.lax.fori_loop(0, steps, lambda i, total: add(i * step, step, total), acc)
+    return add(steps * step, count - steps * step, acc)
 
 
 def compiler_params(num_warps: int, num_stages: int | None = None, *, interpret: bool = False):

@@ -221,18 +221,10 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
 
 def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
     """``dweight[cols] = Σ_p partials[p, cols]``, summed in program order p = 0, 1, ... (deterministic); the rows
-    loaded ``REDUCE_UNROLL`` at a time (the Triton lowering does not unroll ``fori_loop``), then added in order."""
+    loaded ``REDUCE_UNROLL`` at a time (``backend.ordered_sum``), then added in order."""
     cols, cmask = _span(pl.program_id(0) * REDUCE_COLS, REDUCE_COLS, n)
-
-    def add(acc, first: int | jax.Array, count: int):
-        loaded = [backend.load(dwp_ref.at[first + j, cols], cmask) for j in range(count)]
-        for part in loaded:
-            acc = acc + part
-        return acc
-
-    steps = parts // REDUCE_UNROLL
-    acc = lax.fori_loop(0, steps, lambda i, a: add(a, i * REDUCE_UNROLL, REDUCE_UNROLL), jnp.zeros((REDUCE_COLS,), F32))
-    acc = add(acc, steps * REDUCE_UNROLL, parts - steps * REDUCE_UNROLL)
+    acc = backend.ordered_sum(lambda first, j: backend.load(dwp_ref.at[first + j, cols], cmask), parts, REDUCE_UNROLL,
+                              jnp.zeros((REDUCE_COLS,), F32))
     backend.store(dw_ref.at[cols], acc.astype(dw_ref.dtype), cmask)
 
 

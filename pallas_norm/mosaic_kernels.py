@@ -237,24 +237,14 @@ def _dweight_reduce_kernel(dwp_g, dw_g, *scratch, parts: int, cols: int, unroll:
     stacks launch this kernel, hence the same bits). With ``groups`` > 1 a cluster of that many CTAs shares the
     column block: CTA g sums partial rows ``[g·share, (g+1)·share)`` in order, then CTA 0 adds the shares in
     cluster order through distributed shared memory (``scratch``: this CTA's share in shared memory, two cluster
-    barriers). Each loop step issues ``unroll`` loads before adding them in order (latency hidden, order kept); the
-    remainder is added after the loop."""
+    barriers). ``backend.ordered_sum`` adds the rows, ``unroll`` loads in flight (latency hidden, order kept)."""
     pl, plgpu = pallas(), backend.mosaic()
     c0 = lax.axis_index("col") * cols
     lay = layout(cols)
     share = parts // groups
     p0 = lax.axis_index("g") * share if groups > 1 else 0
-
-    def add(first, count, acc):
-        rows = [plgpu.load(dwp_g.at[p0 + first + i, pl.ds(c0, cols)], layout=lay) for i in range(count)]
-        for row in rows:
-            acc = acc + row
-        return acc
-
-    step = min(unroll, share)
-    acc = lax.fori_loop(0, share // step, lambda k, a: add(k * step, step, a),
-                        plgpu.layout_cast(jnp.zeros((cols,), F32), lay))
-    acc = add(share - share % step, share % step, acc)
+    acc = backend.ordered_sum(lambda first, j: plgpu.load(dwp_g.at[p0 + first + j, pl.ds(c0, cols)], layout=lay),
+                              share, min(unroll, share), plgpu.layout_cast(jnp.zeros((cols,), F32), lay))
     if groups == 1:
         dw_g[pl.ds(c0, cols)] = acc.astype(dw_g.dtype)
         return

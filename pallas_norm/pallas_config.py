@@ -198,15 +198,25 @@ def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None)
     shorter than ``min_cols`` (default ``BANDS_MIN_COLS`` / ``FWD_BANDS_MIN_COLS``; the bench passes 0 to time bands
     where the heuristic does not take them), have more than ``BANDS_MAX_PER_SM`` bands per SM, or the backward is
     small enough for one program (``one_program``: one launch storing dweight)."""
-    sms = backend.num_sms()
-    cols, rows, warps, lag, prefetch, per_sm = BANDS if backward else FWD_BANDS
     if min_cols is None:
         min_cols = BANDS_MIN_COLS if backward else FWD_BANDS_MIN_COLS
-    bands = cdiv(n, cols)
-    if n < min_cols or bands > BANDS_MAX_PER_SM * sms or (backward and one_program(m, n)):
+    grid = band_grid(n, backend.num_sms(), backward=backward, min_cols=min_cols)
+    if grid is None or (backward and one_program(m, n)):
         return None
-    programs = bands * band_groups(bands, per_sm, sms)
-    return fit(Config(rows, cols, warps, programs=programs, prefetch=prefetch, lag=lag), m, n, backward=backward)
+    (cols, rows, warps, lag, prefetch, _), groups = grid
+    return fit(Config(rows, cols, warps, programs=cdiv(n, cols) * groups, prefetch=prefetch, lag=lag), m, n,
+               backward=backward)
+
+
+def band_grid(n: int, sms: int, *, backward: bool, min_cols: int) -> tuple[tuple, int] | None:
+    """The band table of a direction (``BANDS``/``FWD_BANDS``) and the row groups of its grid for rows of ``n``
+    columns on a GPU of ``sms`` SMs, or None where rows take no bands: shorter than ``min_cols``, or more than
+    ``BANDS_MAX_PER_SM`` bands per SM (both stacks' band heuristics)."""
+    table = BANDS if backward else FWD_BANDS
+    bands = cdiv(n, table[0])
+    if n < min_cols or bands > BANDS_MAX_PER_SM * sms:
+        return None
+    return table, band_groups(bands, table[-1], sms)
 
 
 def band_groups(bands: int, per_sm: int, sms: int) -> int:

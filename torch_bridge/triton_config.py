@@ -32,7 +32,6 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # 32768×2304 2.03 → 2.36, 32768×3584 2.49 → 2.78, 32768×4096 2.64 → 2.83, 32768×5120 2.07 → 2.55, 32768×8192 2.55
 # → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
 BWD_PREFETCH_N = (512, 8192)
-BANDS_MAX_PER_SM = pallas_config.BANDS_MAX_PER_SM
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
@@ -98,18 +97,17 @@ class Config:
 
 
 def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) -> Config | None:
-    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables
-    (``pallas_config.BANDS``/``FWD_BANDS``: ``(columns, rows, warps, lag, prefetch, programs per SM)``; prefetch is a
-    Pallas kernels' option); None where rows take no bands: shorter than ``min_n`` (default ``BANDS_MIN_N`` /
-    ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic does not take them), or more than
-    ``BANDS_MAX_PER_SM`` bands per SM."""
-    cols, rows, warps, lag, _, per_sm = pallas_config.BANDS if backward else pallas_config.FWD_BANDS
+    """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables and grid
+    (``pallas_config.band_grid``; prefetch is a Pallas kernels' option); None where rows take no bands: shorter than
+    ``min_n`` (default ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic
+    does not take them), or more than ``pallas_config.BANDS_MAX_PER_SM`` bands per SM."""
     if min_n is None:
         min_n = BANDS_MIN_N if backward else FWD_BANDS_MIN_N
-    bands = -(-n // cols)
-    if n < min_n or bands > BANDS_MAX_PER_SM * sms:
+    grid = pallas_config.band_grid(n, sms, backward=backward, min_cols=min_n)
+    if grid is None:
         return None
-    return Config(rows, cols, warps, lag=lag, groups=pallas_config.band_groups(bands, per_sm, sms))
+    (cols, rows, warps, lag, _, _), groups = grid
+    return Config(rows, cols, warps, lag=lag, groups=groups)
 
 
 @functools.cache
