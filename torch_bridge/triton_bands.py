@@ -21,7 +21,7 @@ from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
                                          _to_dt, _w_eff)
 
 UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF: a NaN payload no float32 arithmetic produces)
@@ -47,12 +47,6 @@ def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
     """Row group g's t-th row block (blocks g, g + G, ...): its rows and their mask."""
     rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
     return rows, rows < M
-
-
-@triton.jit
-def _tile(rows, row_mask, cols, col_mask, N):
-    """The element offsets (int64) and the mask of the tile ``rows`` × ``cols`` of a row-major (M, N) array."""
-    return rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :]
 
 
 @triton.jit

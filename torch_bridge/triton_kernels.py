@@ -23,7 +23,7 @@ import triton.language as tl
 from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
 from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd,
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
                                          _to_dt, _w_eff)
 
 # ----------------------------------------------------------------------------------------------
@@ -119,8 +119,7 @@ def _bwd_rowdot_kernel(X, W, DY, C, M, N, offset,
 def _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N):
     """Row block ``rows``' raw x and dy tiles and rstd (rows past M read zeros)."""
     row_mask = rows < M
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    mask = row_mask[:, None] & col_mask[None, :]
+    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
     return tl.load(X + offs, mask=mask, other=0.0), tl.load(DY + offs, mask=mask, other=0.0), tl.load(
         RSTD + rows, mask=row_mask, other=0.0)
 
@@ -153,8 +152,7 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     for it in range(0, ITERS):
         rows = (it * G + pid) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        mask = row_mask[:, None] & col_mask[None, :]
+        offs, mask = _tile(rows, row_mask, cols, col_mask, N)
         if PREFETCH:
             x, dy, rstd = x_next, dy_next, rstd_next
             x_next, dy_next, rstd_next = _bwd_block(X, DY, RSTD, rows + G * BLOCK_M, cols, col_mask, M, N)

@@ -52,6 +52,12 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 # Row math (shared by forward and backward)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _tile(rows, row_mask, cols, col_mask, N):
+    """The element offsets (int64) and the mask of the tile ``rows`` × ``cols`` of a row-major (M, N) array."""
+    return rows.to(tl.int64)[:, None] * N + cols[None, :], row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
 def _to_dt(v, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """r(v) stored as dtype DT, round-to-nearest-even."""
     if EMULATE_BF16 and DT == tl.bfloat16:
