@@ -1,8 +1,10 @@
-"""``python -m bench.bwd_candidates MxN,...``: the resident backward's heuristic against candidate tilings, for
-``rms_norm`` and for the fused add (``rms_norm_add``), as launched binaries timed by CUDA events (``bench sweep``'s
-method), with each main kernel's registers and spill bytes. Prints one line per (shape, op, config); the committed
-table is bench/results/sweep_h100_bwd_2026-11-24.md. Candidates: (elements per program, warps, programs per SM,
-prefetch).
+"""``python -m bench.bwd_candidates MxN,... [--jax]``: the resident backward's heuristic against candidate tilings,
+for ``rms_norm`` and for the fused add (``rms_norm_add``), as launched binaries timed by CUDA events (``bench sweep``'s
+method), with each main kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the kernels'
+durations over rotated inputs, the suite's method: XLA's launch and its shared-memory carveout, the dweight
+reduction included), with Mosaic GPU's backward beside them. Prints one line per (shape, op, config); the committed
+tables are bench/results/sweep_h100_bwd_2026-11-24.md and sweep_h100_bwd_jax_2026-11-26.md. Candidates: (elements
+per program, warps, programs per SM, prefetch).
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ from torch_bridge import launch_route
 
 CANDIDATES = [(8192, 16, 1, True), (8192, 8, 1, True), (16384, 16, 1, True), (8192, 16, 1, False),
               (4096, 16, 1, True), (16384, 16, 1, False)]
+JAX_CANDIDATES = [(8192, 16, 1, True), (4096, 16, 2, True), (4096, 8, 2, True), (2048, 8, 4, True),
+                  (2048, 4, 4, True), (1024, 2, 8, True)]
+
+
+def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> list[Config | None]:
+    """The heuristic (None) and the table's tilings that hold at least one row of ``n`` columns."""
+    n_pad = next_pow2(n)
+    return [None] + [Config(max(1, e // n_pad), n_pad, warps, programs=per_sm * sms, prefetch=pf)
+                     for e, warps, per_sm, pf in table if e >= n_pad]
 
 
 def run(shapes: list[tuple[int, int]]) -> None:
@@ -27,9 +38,7 @@ def run(shapes: list[tuple[int, int]]) -> None:
         r, _, dh = timing.inputs(m, n, torch.bfloat16, 0.0, seed=3)
         y, h, rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, "llama", dev, None,
                                                    x.dtype, x.dtype)(x, r, w)
-        n_pad = next_pow2(n)
-        configs = [None] + [Config(max(1, e // n_pad), n_pad, warps, programs=per_sm * sms, prefetch=pf)
-                            for e, warps, per_sm, pf in CANDIDATES if e >= n_pad]
+        configs = _candidates(n, sms, CANDIDATES)
         for fused in (False, True):
             for cfg in configs:
                 launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, "llama", dev, cfg, fused)
@@ -43,5 +52,43 @@ def run(shapes: list[tuple[int, int]]) -> None:
         torch.cuda.empty_cache()
 
 
+def run_jax(shapes: list[tuple[int, int]]) -> None:
+    """The JAX_CANDIDATES and Mosaic GPU, timed through JAX (``timing.time_jax``) from ``timing.rotations`` sets of
+    bf16 inputs: ``rms_norm``'s backward (x, weight → dx, dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh,
+    dweight; dx and dresidual are the same values, one is kept as in ``bench fused``)."""
+    import jax
+    import jax.numpy as jnp
+
+    import pallas_norm
+
+    for m, n in shapes:
+        reps = timing.rotations(m * n * 2)
+        keys = jax.random.split(jax.random.PRNGKey(m ^ n), 4 * reps + 1)
+        w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
+        sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
+        for fused in (False, True):
+            for cfg in _candidates(n, backend.num_sms(), JAX_CANDIDATES) + ["mosaic"]:
+                kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
+                                                                                       bwd_config=cfg)
+                if fused:
+                    vjps = [jax.vjp(lambda a, r, b: pallas_norm.rms_norm_add(a, r, b, **kw), s[0], s[1], w)[1]
+                            for s in sets]
+                    cots = [(s[2], s[3]) for s in sets]
+                else:
+                    vjps = [jax.vjp(lambda a, b: pallas_norm.rms_norm(a, b, **kw), s[0], w)[1] for s in sets]
+                    cots = [s[2] for s in sets]
+                keep = slice(None, None, 2 if fused else 1)
+                step = jax.jit(lambda vs, cs: [v(c)[keep] for v, c in zip(vs, cs)])
+                call = lambda: step(vjps, cots)  # noqa: E731
+                call.reps = reps
+                seconds = timing.time_jax(call)
+                name = cfg if cfg == "mosaic" else (f"{cfg or pallas_config.heuristic(m, n, backward=True)}"
+                                                    f"{' (heuristic)' if cfg is None else ''}")
+                print(f"{m}x{n} {'fused' if fused else 'plain'} {(4 if fused else 3) * m * n * 2 / seconds / 1e12:.2f}"
+                      f" TB/s {name}", flush=True)
+        del sets
+
+
 if __name__ == "__main__":
-    run([tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")])
+    parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
+    run_jax(parsed) if "--jax" in sys.argv[2:] else run(parsed)

@@ -43,15 +43,28 @@ so the table stands. Thirteenth session: the Triton lowering's backward moved to
 its forward beyond 16384 (``pallas_config.BANDS_MIN_COLS``); from JAX, bf16 (``bench_h100_bfloat16_llama.md``)
 Mosaic GPU stays faster at 16384-32768 columns (backward 32768×16384 2.89 against 2.62, 8192×32768 2.78 against
 2.65) and ties at 65536-131072 (4096×65536 2.68 against 2.70, 2048×131072 2.76 against 2.76): the table stands.
+
+Fourteenth session: the Triton lowering's dweight reduction sums its partial rows in tiles (1.4-3.4 µs, was 5.4 and
+more) and its resident backward runs more, smaller programs below 4096 columns (``pallas_config.BWD_RESIDENT``).
+Timed from JAX with Mosaic GPU beside it (H100, bf16, ``bench/results/sweep_h100_bwd_jax_2026-11-26.md``, plain /
+fused TB/s): the Triton lowering now wins where its padded row is well filled, 4096×1024 1.90 / 2.06 against
+Mosaic's 1.64 / 1.89, 32768×1024 2.74 / 2.83 against 2.58 / 2.71, 4096×2048 2.31 / 2.44 against 2.06 / 2.24,
+32768×2048 2.88 / 2.94 against 2.65 / 2.85, 32768×3584 2.80 / 2.91 against 2.76 / 2.90, 32768×4096 2.87 / 2.95
+against 2.71 / 2.89, 4096×8192 2.70 / 2.73 against 2.59 / 2.70 (32768×8192 2.90 / 2.90 against 2.84 / 2.95), and
+loses where it pads a quarter or more of the row: 32768×2304 2.48 / 2.70 against 2.66 / 2.81, 32768×5120 2.58 /
+2.61 against 2.73 / 2.89 (4096×2304 2.10 / 2.32 against 2.05 / 2.26, a tie). So the backward of rows of at most
+``TRITON_BWD_COLS`` columns that fill more than ``pallas_config.PADDED_FILL`` of their padded length takes
+the Triton lowering; Mosaic GPU keeps the rest of 1024-131072.
 """
 
 from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import one_program
+from .pallas_config import PADDED_FILL, next_pow2, one_program
 
-MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi
+MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
+TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
 MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
@@ -68,7 +81,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        mosaic = lo <= n <= hi
+        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and n > PADDED_FILL * next_pow2(n))
     else:
         lo, hi = MOSAIC_FWD_COLS
         mosaic = lo < n <= hi

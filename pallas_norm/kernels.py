@@ -23,15 +23,19 @@ from .pallas_config import Config, cdiv
 from .rounding import rounder
 
 F32 = jnp.float32
-# The dweight reduction (the Triton lowering's; Mosaic GPU has its own): REDUCE_COLS columns per program, each summing
-# the partial rows in order with REDUCE_UNROLL loads issued before their adds (the same order: the same bits). Its
-# loop is a chain of loads, so the programs' count sets its speed. H100, bf16, kernels timed from JAX (thirteenth
-# session, bench/results/dweight_reduce_h100.md), 1024 columns and no unrolling → these: the band backward's
-# reduction 15.5 → 4.9 µs at 4096×10240 (102 partial rows), 10.2 → 3.5 at 4096×16384; the persistent grid's 132
-# partial rows 25-28 → 5 µs, so impl=None's backward of per-head rows 2097152×128 2.52 → 2.60 TB/s and of rows of no
-# multiple of 128 columns 32768×1000 1.68 → 2.08, 4096×1000 0.66 → 1.68.
-REDUCE_COLS = 256
+# The dweight reduction (the Triton lowering's; Mosaic GPU has its own): REDUCE_COLS columns per program of
+# REDUCE_WARPS warps; lane r of a (REDUCE_ROWS, REDUCE_COLS) tile adds partial rows r, r + REDUCE_ROWS, ... in order,
+# REDUCE_UNROLL tiles loaded before their adds, then the lanes are summed (a fixed order: the same bits every run,
+# as the main kernels' own sums over a block's rows). A chain of loads, so the rows in flight per step set its
+# speed. Thirteenth session: 1024 columns per program, one row at a time → 256 columns, 8 rows per step (the
+# persistent grid's 132 partial rows 25-28 → 5 µs, bench/results/dweight_reduce_h100.md). Fourteenth session
+# (H100, kernels timed from JAX, bench/results/dweight_reduce_h100.md): these tiles, 256 rows per step in 32-column
+# programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column: 2.3, 6-9,
+# 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT).
+REDUCE_ROWS = 32
+REDUCE_COLS = 32
 REDUCE_UNROLL = 8
+REDUCE_WARPS = 8
 
 
 def _span(start, size: int, limit: int):
@@ -220,12 +224,19 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
 
 
 def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
-    """``dweight[cols] = Σ_p partials[p, cols]``, summed in program order p = 0, 1, ... (deterministic); the rows
-    loaded ``REDUCE_UNROLL`` at a time (``backend.ordered_sum``), then added in order."""
+    """``dweight[cols] = Σ_p partials[p, cols]`` in one fixed order (the same bits every run): lane r of a
+    ``(REDUCE_ROWS, REDUCE_COLS)`` tile adds rows r, r + REDUCE_ROWS, r + 2·REDUCE_ROWS, ... in that order
+    (``backend.ordered_sum``, ``REDUCE_UNROLL`` tiles loaded before their adds), then the lanes are summed
+    (``jnp.sum``; with one lane the order is p = 0, 1, ...)."""
     cols, cmask = _span(pl.program_id(0) * REDUCE_COLS, REDUCE_COLS, n)
-    acc = backend.ordered_sum(lambda first, j: backend.load(dwp_ref.at[first + j, cols], cmask), parts, REDUCE_UNROLL,
-                              jnp.zeros((REDUCE_COLS,), F32))
-    backend.store(dw_ref.at[cols], acc.astype(dw_ref.dtype), cmask)
+
+    def load(first, j):
+        rows, rmask = _span((first + j) * REDUCE_ROWS, REDUCE_ROWS, parts)
+        return _tile(dwp_ref, rows, rmask, cols, cmask, dtype=None)
+
+    acc = backend.ordered_sum(load, cdiv(parts, REDUCE_ROWS), REDUCE_UNROLL,
+                              jnp.zeros((REDUCE_ROWS, REDUCE_COLS), F32))
+    backend.store(dw_ref.at[cols], jnp.sum(acc, axis=0).astype(dw_ref.dtype), cmask)
 
 
 def _no_bands(config: Config) -> None:
@@ -309,6 +320,6 @@ def reduce_dweight(partials, dtype, *, interpret: bool):
     return pl.pallas_call(
         functools.partial(_dweight_reduce_kernel, n=n, parts=parts),
         out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, REDUCE_COLS),),
-        compiler_params=backend.compiler_params(4, interpret=interpret), interpret=interpret,
+        compiler_params=backend.compiler_params(REDUCE_WARPS, interpret=interpret), interpret=interpret,
         name="pallas_norm_dweight_reduce",
     )(partials)

@@ -27,13 +27,13 @@ FWD_ELEMS_PER_WARP = 1024
 # against 2.40) and 4096×4096 (the default the fastest) the same padded length disagreed: not taken.
 FWD_MIN_PROGRAMS = 2048
 FWD_FEW_ROWS = {1024: (2, 4), 2048: (2, 8)}
-# Forward, resident rows filling at most FWD_PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
+# Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
 # bench/results/fwd_padded_rows_h100.md): 32768×2304 1 row, 4 warps 2.96 TB/s against 2.85 for 2 rows, 8 warps;
 # 4096×2304 2.53 against 2.40; 32768×1536 2 rows, 4 warps 2.93 against 2.89; 32768×3072 2.98 against 2.96,
 # 4096×3072 2.61 against 2.60. 3584 (7/8 of 4096) was not re-timed: unchanged.
-FWD_PADDED_FILL = 0.75
+PADDED_FILL = 0.75
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
 FWD_CHUNKED = (16384, 32, 2, True)
@@ -44,8 +44,17 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # 1.91 against 1.79; 32768×3584 2.62 against 2.49; the fused add's backward, which also reads dh_out, 2.82 against
 # 2.12 at 32768×4096). Short rows (per-head q/k norms, D ≤ 256): 16384 elements, no prefetch (2^21×128: 2.63 against
 # 2.49). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45 against 1.66).
+# Fourteenth session: the dweight reduction's cost had kept the grid at one program per SM. With it at 1.4-3.4 µs
+# for 132-528 partial rows (kernels.REDUCE_ROWS), more and smaller programs pay at 512-2048 columns. From JAX (the
+# kernels' durations, XLA's launch; H100, bf16, bench/results/sweep_h100_bwd_jax_2026-11-26.md; plain / fused add
+# TB/s), the previous choice (8192 elements, 16 warps, 1 per SM) → these: 4096×1024 1.62 / 1.85 → 1.90 / 2.06,
+# 32768×1024 2.17 / 2.52 → 2.74 / 2.83; 4096×2048 2.10 / 2.21 → 2.31 / 2.44, 32768×2048 2.65 / 2.67 → 2.88 / 2.94;
+# 32768×512 2.03 / 2.21 → 2.30 / 2.55. At 4096 columns two programs per SM of one row help the plain backward
+# (32768×4096 2.87 → 2.94) and cost the fused one more (2.95 → 2.80); both must share a grid (the fused add's dweight
+# is rms_norm's bits), so 4096 keeps its choice.
 BWD_RESIDENT = {128: (16384, 16, 1, False, False), 256: (16384, 16, 1, False, False),
-                **dict.fromkeys((512, 1024, 2048, 4096, 8192), (8192, 16, 1, True, False)),
+                512: (4096, 8, 2, True, False), 1024: (2048, 4, 4, True, False), 2048: (4096, 8, 2, True, False),
+                **dict.fromkeys((4096, 8192), (8192, 16, 1, True, False)),
                 16384: (16384, 16, 1, False, True)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
@@ -179,7 +188,7 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
     rows = next_pow2(max(m, 1))
     if not backward:
-        target = TARGET_ELEMS // (2 if n <= FWD_PADDED_FILL * n_pad else 1)
+        target = TARGET_ELEMS // (2 if n <= PADDED_FILL * n_pad else 1)
         block_rows = min(max(1, target // n_pad), MAX_BLOCK_ROWS, rows)
         warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         if cdiv(max(m, 1), block_rows) < FWD_MIN_PROGRAMS and n_pad in FWD_FEW_ROWS:

@@ -124,20 +124,23 @@ def test_fit_splits_long_rows_over_a_cluster():
 
 def test_dweight_spill(monkeypatch):
     """The backward's ``dweight`` partial beyond ``DW_REGS`` per thread accumulates in shared memory (rows of 262144
-    columns on the GPU; here ``DW_REGS`` is lowered so that a 1536-column row spills on CPU). The broken variant, a
-    spilled chunk that never accumulates, is caught by the same check."""
+    columns on the GPU; here ``DW_REGS`` is lowered so that a 1536-column row spills, and one CTA per row is forced:
+    on Hopper the heuristic would split the row over a cluster instead). The broken variant, a spilled chunk that
+    never accumulates, is caught by the same check."""
     from pallas_norm import mosaic_kernels
 
     monkeypatch.setattr(mosaic_config, "DW_REGS", 4)  # 512 columns in registers, the rest in shared memory
-    plan = mosaic_config.fit(None, 37, 1536, row_bytes=4, weight_bytes=2, widest=2, backward=True, interpret=True)
+    config = MosaicConfig(cluster=1)
+    plan = mosaic_config.fit(config, 37, 1536, row_bytes=4, weight_bytes=2, widest=2, backward=True,
+                             interpret=not ON_HOPPER)
     assert plan.dw_spill == 1024
     x, w, dy = jax_inputs((37, 1536), jnp.bfloat16, 1.0, seed=13)
     jax.clear_caches()
     try:
-        check_jax(x, w, dy, MOSAIC, casting="gemma", offset=1.0)
+        check_jax(x, w, dy, MOSAIC, casting="gemma", offset=1.0, bwd_config=config)
         monkeypatch.setattr(mosaic_kernels, "_spilled_add", lambda dw_s, off, size, terms: None)
         jax.clear_caches()
-        assert judge(x, w, dy, jax_vjp(MOSAIC, x, w, dy))
+        assert judge(x, w, dy, jax_vjp(MOSAIC, x, w, dy, bwd_config=config))
     finally:
         jax.clear_caches()  # no later test may find these traces
 
@@ -196,20 +199,22 @@ def test_gpu_longest_rows_forward(m, n):
 def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
     and rows of 128·k columns; the backward from 1024 to 131072 columns (per-head rows of 128 stay on the Triton
-    lowering, where Mosaic GPU ran at a third of its speed; 262144 too: column bands), the forward for 16384 < N ≤
-    131072 (262144: column bands)."""
+    lowering, where Mosaic GPU ran at a third of its speed; 262144 too: column bands) but rows of at most 8192 that
+    fill more than 3/4 of their padded length (the Triton lowering's resident backward is faster there), the forward
+    for 16384 < N ≤ 131072 (262144: column bands)."""
     from pallas_norm import auto
 
     monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
-    mosaic_bwd = {1024, 2304, 4096, 8192, 16384, 32768, 65536, 131072}
+    mosaic_bwd = {1280, 2304, 3072, 5120, 6144, 12288, 16384, 32768, 65536, 131072}
     mosaic_fwd = {32768, 65536, 131072}
-    for n in (64, 128, 256, 1000, 1024, 2304, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
+    for n in (64, 128, 256, 1000, 1024, 1280, 2048, 2304, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384,
+              32768, 65536, 131072, 262144):
         assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
         assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
     assert auto.lowering(True, 128, MosaicConfig()) == "mosaic"  # a config picks its lowering
     # a backward small enough for one program takes the Triton lowering (one launch), a larger one the table's
-    assert auto.lowering(True, 4096, m=16) == "pallas"
-    assert auto.lowering(True, 4096, m=17) == ("mosaic" if capable else "pallas")
+    assert auto.lowering(True, 5120, m=12) == "pallas"
+    assert auto.lowering(True, 5120, m=13) == ("mosaic" if capable else "pallas")
     assert auto.lowering(False, 32768, pn.Config(block_rows=1, block_cols=4096, num_warps=8)) == "pallas"
 
 

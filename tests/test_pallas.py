@@ -67,7 +67,7 @@ def test_forward_heuristic_spreads_few_rows():
 
 
 def test_forward_heuristic_halves_padded_rows():
-    """Rows filling at most ``FWD_PADDED_FILL`` of their padded block get half the rows per program (the warps
+    """Rows filling at most ``PADDED_FILL`` of their padded block get half the rows per program (the warps
     following: a warp per ``FWD_ELEMS_PER_WARP`` padded elements); fuller rows keep the default tile."""
     tiles = {n: (c.block_rows, c.num_warps) for n in (2304, 3072, 1536, 3584, 4096, 2048)
              for c in [pallas_config.heuristic(32768, n, backward=False)]}
@@ -140,21 +140,34 @@ def test_small_backward_is_one_launch(casting):
         assert "pallas_norm_bwd" in jaxpr and ("pallas_norm_dweight_reduce" in jaxpr) == reduced
 
 
-@pytest.mark.parametrize("parts", [1, 8, 37])
-def test_dweight_reduction_adds_the_partials_in_order(parts):
-    """The reduction kernel (``kernels.reduce_dweight``: rows loaded ``REDUCE_UNROLL`` at a time, column tiles of
-    ``REDUCE_COLS``) gives the bits of adding the float32 partial rows one after another, p = 0, 1, ... (a ragged
-    last tile; 37: a remainder after the unrolled steps). Broken variant: the same rows added in reverse order."""
+@pytest.mark.parametrize("parts", [1, 8, 37, 300])
+def test_dweight_reduction_order(parts, monkeypatch):
+    """The reduction kernel (``kernels.reduce_dweight``) adds the float32 partial rows in one fixed order. Default
+    tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a
+    remainder after the unrolled steps, a ragged last column tile). One lane (``REDUCE_ROWS = 1``): the bits of
+    adding the rows one after another, p = 0, 1, .... Broken variants: a row left out (off by more than the
+    rounding bound); the rows reversed (one lane: other bits)."""
     from pallas_norm import kernels
 
     partials = jax.random.normal(jax.random.PRNGKey(parts), (parts, 1000), jnp.float32) * 1e3
+    wide = np.asarray(partials, np.float64)
+    exact, bound = wide.sum(axis=0), parts * np.finfo(np.float32).eps * np.abs(wide).sum(axis=0)
+
+    def reduce(p):
+        return np.asarray(kernels.reduce_dweight(p, jnp.float32, interpret=not ON_GPU))
+
+    got = reduce(partials)
+    np.testing.assert_array_equal(reduce(partials), got)
+    assert np.all(np.abs(got - exact) <= bound)
+    if parts > 1:
+        assert not np.all(np.abs(reduce(partials[:-1]) - exact) <= bound)
+    monkeypatch.setattr(kernels, "REDUCE_ROWS", 1)
     want = np.zeros(1000, np.float32)
     for row in np.asarray(partials):
         want = want + row
-    np.testing.assert_array_equal(np.asarray(kernels.reduce_dweight(partials, jnp.float32, interpret=not ON_GPU)), want)
+    np.testing.assert_array_equal(reduce(partials), want)
     if parts > 1:
-        reverse = kernels.reduce_dweight(partials[::-1], jnp.float32, interpret=not ON_GPU)
-        assert not np.array_equal(np.asarray(reverse), want)
+        assert not np.array_equal(reduce(partials[::-1]), want)
 
 
 def test_bad_configs():
