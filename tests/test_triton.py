@@ -14,7 +14,7 @@ from pallas_norm import accuracy
 from torch_bridge import BACKENDS, rms_norm_ref, rms_norm_ref_backward, triton_config, triton_kernels
 from torch_bridge.numpy_io import to_numpy
 
-from helpers import TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, torch_results
+from helpers import DEVICE, TORCH_DTYPES as DTYPES, check_case, judge, torch_inputs, torch_results
 from helpers import triton_rms_norm
 
 CASTINGS = ("llama", "gemma", "none")
@@ -275,3 +275,35 @@ def test_torch_compile_fullgraph():
     fn(xe, we).backward(dy)
     compiled(xc, wc).backward(dy)
     assert torch.equal(xc.grad, xe.grad) and torch.equal(wc.grad, we.grad)
+
+
+@pytest.mark.parametrize("parts", [1, 8, 37, 300])
+def test_dweight_reduction_order(parts, monkeypatch):
+    """The dweight reduction (``triton_dweight.reduce``) adds the float32 partial rows in one fixed order. Default
+    tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a ragged
+    last column tile). Tiles of one row: the bits of adding the rows one after another, p = 0, 1, .... Broken
+    variants: a row left out (off by more than the rounding bound); the rows reversed (one row per tile: other
+    bits)."""
+    from torch_bridge import triton_dweight
+
+    partials = torch.randn(parts, 1000, generator=torch.Generator().manual_seed(parts)) * 1e3
+    wide = partials.double()
+    exact, bound = wide.sum(0), parts * torch.finfo(torch.float32).eps * wide.abs().sum(0)
+
+    def reduce(p, tag):
+        out = torch.empty(1000, device=DEVICE)
+        triton_dweight.reduce(p.to(DEVICE).contiguous(), out, ("test", tag, triton_dweight.REDUCE_BLOCK_G, parts))
+        return out.cpu()
+
+    got = reduce(partials, "a")
+    assert torch.equal(reduce(partials, "b"), got)
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    if parts > 1:
+        assert not bool(((reduce(partials[:-1], "c").double() - exact).abs() <= bound).all())
+    monkeypatch.setattr(triton_dweight, "REDUCE_BLOCK_G", 1)
+    want = torch.zeros(1000)
+    for row in partials:
+        want = want + row
+    assert torch.equal(reduce(partials, "d"), want)
+    if parts > 1:
+        assert not torch.equal(reduce(partials.flip(0), "e"), want)

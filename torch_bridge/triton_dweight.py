@@ -11,7 +11,11 @@ from pallas_norm.pallas_config import cdiv
 from torch_bridge import triton_launch
 from torch_bridge.triton_rowmath import INTERPRET, _TL_DTYPES, _to_dt
 
-REDUCE_BLOCK_G, REDUCE_BLOCK_N = 64, 64  # the reduction's tile: partial rows × columns per program
+# The reduction's tile (partial rows × columns per program) and warps. Its loop is a chain of loads (Triton
+# pipelines only loads that feed a dot), so the rows per step set its speed. H100, kernel durations (fourteenth
+# session, bench/results/dweight_reduce_h100.md): 64 × 64 on 4 warps → 256 × 32 on 8: 132 partial rows 2.7 → 1.9 µs,
+# 264 (the resident backward's grid) 4.0 → 2.7, 528 × 4096 10.8 → 4.8.
+REDUCE_BLOCK_G, REDUCE_BLOCK_N, REDUCE_WARPS = 256, 32, 8
 
 
 @triton.jit
@@ -35,5 +39,5 @@ def reduce(partials: torch.Tensor, dweight: torch.Tensor, key: tuple) -> None:
     g, n = partials.shape
     triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N),), (partials, dweight, g, n),
                          lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[partials.dtype],
-                                      WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=4),
+                                      WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=REDUCE_WARPS),
                          interpret=INTERPRET)
