@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath
-from .pallas_config import Config, cdiv
+from .pallas_config import Config, cdiv, reduce_tile
 from .rounding import rounder
 
 F32 = jnp.float32
@@ -31,7 +31,8 @@ F32 = jnp.float32
 # persistent grid's 132 partial rows 25-28 → 5 µs, bench/results/dweight_reduce_h100.md). Fourteenth session
 # (H100, kernels timed from JAX, bench/results/dweight_reduce_h100.md): these tiles, 256 rows per step in 32-column
 # programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column: 2.3, 6-9,
-# 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT).
+# 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a band grid's
+# row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5 → 2.7 µs.
 REDUCE_ROWS = 32
 REDUCE_COLS = 32
 REDUCE_UNROLL = 8
@@ -223,20 +224,18 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
     backend.store(s_ref.at[rows], jnp.sum(acc, axis=1), rmask)
 
 
-def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int):
-    """``dweight[cols] = Σ_p partials[p, cols]`` in one fixed order (the same bits every run): lane r of a
-    ``(REDUCE_ROWS, REDUCE_COLS)`` tile adds rows r, r + REDUCE_ROWS, r + 2·REDUCE_ROWS, ... in that order
-    (``backend.ordered_sum``, ``REDUCE_UNROLL`` tiles loaded before their adds), then the lanes are summed
-    (``jnp.sum``; with one lane the order is p = 0, 1, ...)."""
-    cols, cmask = _span(pl.program_id(0) * REDUCE_COLS, REDUCE_COLS, n)
+def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int, lanes: int, cols: int):
+    """``dweight[c] = Σ_p partials[p, c]`` in one fixed order (the same bits every run): lane r of a ``(lanes, cols)``
+    tile adds rows r, r + lanes, r + 2·lanes, ... in that order (``backend.ordered_sum``, ``REDUCE_UNROLL`` tiles
+    loaded before their adds), then the lanes are summed (``jnp.sum``; with one lane the order is p = 0, 1, ...)."""
+    span, cmask = _span(pl.program_id(0) * cols, cols, n)
 
     def load(first, j):
-        rows, rmask = _span((first + j) * REDUCE_ROWS, REDUCE_ROWS, parts)
-        return _tile(dwp_ref, rows, rmask, cols, cmask, dtype=None)
+        rows, rmask = _span((first + j) * lanes, lanes, parts)
+        return _tile(dwp_ref, rows, rmask, span, cmask, dtype=None)
 
-    acc = backend.ordered_sum(load, cdiv(parts, REDUCE_ROWS), REDUCE_UNROLL,
-                              jnp.zeros((REDUCE_ROWS, REDUCE_COLS), F32))
-    backend.store(dw_ref.at[cols], jnp.sum(acc, axis=0).astype(dw_ref.dtype), cmask)
+    acc = backend.ordered_sum(load, cdiv(parts, lanes), REDUCE_UNROLL, jnp.zeros((lanes, cols), F32))
+    backend.store(dw_ref.at[span], jnp.sum(acc, axis=0).astype(dw_ref.dtype), cmask)
 
 
 def _no_bands(config: Config) -> None:
@@ -315,11 +314,13 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
 
 
 def reduce_dweight(partials, dtype, *, interpret: bool):
-    """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in part order."""
+    """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
+    (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
     parts, n = partials.shape
+    lanes, cols = reduce_tile(parts, REDUCE_ROWS, REDUCE_COLS)
     return pl.pallas_call(
-        functools.partial(_dweight_reduce_kernel, n=n, parts=parts),
-        out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, REDUCE_COLS),),
+        functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
+        out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),
         compiler_params=backend.compiler_params(REDUCE_WARPS, interpret=interpret), interpret=interpret,
         name="pallas_norm_dweight_reduce",
     )(partials)

@@ -121,6 +121,15 @@ def one_program(m: int, n: int) -> bool:
     return m * n <= ONE_PROGRAM_ELEMS
 
 
+def reduce_tile(parts: int, rows: int, cols: int, max_cols: int = 1024) -> tuple[int, int]:
+    """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows (both stacks' reductions): up
+    to ``rows`` lanes, fewer for fewer partial rows (the next power of two), and then wider, keeping ``rows·cols``
+    elements per tile up to ``max_cols`` columns (a band grid's handful of partial rows over 262144 columns would
+    otherwise launch thousands of programs loading mostly masked tiles)."""
+    lanes = min(rows, next_pow2(max(parts, 1)))
+    return lanes, min(max_cols, rows * cols // lanes)
+
+
 def _pow2(name: str, v: object, limit: int) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1) or v > limit:
         raise ValueError(f"{name} must be a power of two in [1, {limit}], got {v!r}")

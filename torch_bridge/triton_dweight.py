@@ -7,15 +7,17 @@ import torch
 import triton
 import triton.language as tl
 
-from pallas_norm.pallas_config import cdiv
+from pallas_norm.pallas_config import cdiv, reduce_tile
 from torch_bridge import triton_launch
 from torch_bridge.triton_rowmath import INTERPRET, _TL_DTYPES, _to_dt
 
 # The reduction's tile (partial rows × columns per program) and warps. Its loop is a chain of loads (Triton
 # pipelines only loads that feed a dot), so the rows per step set its speed. H100, kernel durations (fourteenth
 # session, bench/results/dweight_reduce_h100.md): 64 × 64 on 4 warps → 256 × 32 on 8: 132 partial rows 2.7 → 1.9 µs,
-# 264 (the resident backward's grid) 4.0 → 2.7, 528 × 4096 10.8 → 4.8.
+# 264 (the resident backward's grid) 4.0 → 2.7, 528 × 4096 10.8 → 4.8; fewer partial rows (the bands' row groups)
+# take fewer rows and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 8.1 → 6.6 µs.
 REDUCE_BLOCK_G, REDUCE_BLOCK_N, REDUCE_WARPS = 256, 32, 8
+REDUCE_MAX_N = 256  # fewer partial rows take wider tiles up to this (pallas_config.reduce_tile)
 
 
 @triton.jit
@@ -37,7 +39,8 @@ def reduce(partials: torch.Tensor, dweight: torch.Tensor, key: tuple) -> None:
     """``dweight[:] = Σ_p partials[p, :]`` (rows of the compute dtype, summed in row order), in one launch (not
     torch's sum and cast: two ops, ~2× the host time); ``key`` names the launch (``triton_launch.launch``)."""
     g, n = partials.shape
-    triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N),), (partials, dweight, g, n),
-                         lambda: dict(BLOCK_G=REDUCE_BLOCK_G, BLOCK_N=REDUCE_BLOCK_N, CT=_TL_DTYPES[partials.dtype],
+    block_g, block_n = reduce_tile(g, REDUCE_BLOCK_G, REDUCE_BLOCK_N, REDUCE_MAX_N)
+    triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, block_n),), (partials, dweight, g, n),
+                         lambda: dict(BLOCK_G=block_g, BLOCK_N=block_n, CT=_TL_DTYPES[partials.dtype],
                                       WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=REDUCE_WARPS),
                          interpret=INTERPRET)
