@@ -31,6 +31,13 @@ def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> li
                      for e, warps, per_sm, pf in table if e >= n_pad]
 
 
+def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
+    """``MxN plain|fused TB/s config``: bytes 3·M·N·2 (plain) or 4·M·N·2 (fused); None names the heuristic."""
+    name = cfg if cfg == "mosaic" else (f"{cfg or pallas_config.heuristic(m, n, backward=True)}"
+                                        f"{' (heuristic)' if cfg is None else ''}")
+    return f"{m}x{n} {'fused' if fused else 'plain'} {(4 if fused else 3) * m * n * 2 / seconds / 1e12:.2f} TB/s {name}"
+
+
 def run(shapes: list[tuple[int, int]]) -> None:
     dev, sms = torch.cuda.current_device(), backend.num_sms()
     for m, n in shapes:
@@ -45,9 +52,7 @@ def run(shapes: list[tuple[int, int]]) -> None:
                 args = (h, w, dy, dh, rstd) if fused else (x, w, dy, rstd)
                 seconds = timing.time_torch(lambda: launcher(*args))
                 main = launcher.kernels[-2]  # the last kernel sums dweight
-                name = f"{cfg or pallas_config.heuristic(m, n, backward=True)}{' (heuristic)' if cfg is None else ''}"
-                print(f"{m}x{n} {'fused' if fused else 'plain'} {(4 if fused else 3) * m * n * 2 / seconds / 1e12:.2f}"
-                      f" TB/s {name} {main.registers} regs {main.local_bytes} B", flush=True)
+                print(f"{_line(m, n, fused, seconds, cfg)} {main.registers} regs {main.local_bytes} B", flush=True)
         del x, w, dy, r, dh, y, h, rstd
         torch.cuda.empty_cache()
 
@@ -82,10 +87,7 @@ def run_jax(shapes: list[tuple[int, int]]) -> None:
                 call = lambda: step(vjps, cots)  # noqa: E731
                 call.reps = reps
                 seconds = timing.time_jax(call)
-                name = cfg if cfg == "mosaic" else (f"{cfg or pallas_config.heuristic(m, n, backward=True)}"
-                                                    f"{' (heuristic)' if cfg is None else ''}")
-                print(f"{m}x{n} {'fused' if fused else 'plain'} {(4 if fused else 3) * m * n * 2 / seconds / 1e12:.2f}"
-                      f" TB/s {name}", flush=True)
+                print(_line(m, n, fused, seconds, cfg), flush=True)
         del sets
 
 

@@ -209,10 +209,10 @@ def triton_configs(n: int, backward: bool, quick: bool, bands_only: bool = False
         if backward:
             grid += [dict(programs_per_sm=p) for p in (1, 3)]
             grid += [dict(prefetch=not base.prefetch)]
+            grids = [*itertools.product((4096, 8192), (8, 16), (1, 2)),  # the Pallas design's, then more, smaller
+                     (2048, 4, 4), (2048, 8, 4), (1024, 2, 8), (4096, 8, 4)]
             grid += [dict(block_m=max(1, e // base.block_n), num_warps=w, programs_per_sm=p, prefetch=True)
-                     for e, w, p in itertools.product((4096, 8192), (8, 16), (1, 2))]  # the Pallas design's
-            grid += [dict(block_m=max(1, e // base.block_n), num_warps=w, programs_per_sm=p, prefetch=True)
-                     for e, w, p in ((2048, 4, 4), (2048, 8, 4), (1024, 2, 8), (4096, 8, 4))]  # more, smaller
+                     for e, w, p in grids]
     else:
         grid = [dict(block_n=c, num_warps=w) for c, w in itertools.product((4096, 8192, 16384), (8, 16))]
         if not backward and not quick:  # the long-row forward's persistent grid

@@ -37,6 +37,7 @@ REDUCE_ROWS = 32
 REDUCE_COLS = 32
 REDUCE_UNROLL = 8
 REDUCE_WARPS = 8
+REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (pallas_config.reduce_tile)
 
 
 def _span(start, size: int, limit: int):
@@ -317,7 +318,7 @@ def reduce_dweight(partials, dtype, *, interpret: bool):
     """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
     (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
     parts, n = partials.shape
-    lanes, cols = reduce_tile(parts, REDUCE_ROWS, REDUCE_COLS)
+    lanes, cols = reduce_tile(parts, REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
     return pl.pallas_call(
         functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
         out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),

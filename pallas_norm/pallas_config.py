@@ -121,7 +121,7 @@ def one_program(m: int, n: int) -> bool:
     return m * n <= ONE_PROGRAM_ELEMS
 
 
-def reduce_tile(parts: int, rows: int, cols: int, max_cols: int = 1024) -> tuple[int, int]:
+def reduce_tile(parts: int, rows: int, cols: int, max_cols: int) -> tuple[int, int]:
     """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows (both stacks' reductions): up
     to ``rows`` lanes, fewer for fewer partial rows (the next power of two), and then wider, keeping ``rows·cols``
     elements per tile up to ``max_cols`` columns (a band grid's handful of partial rows over 262144 columns would

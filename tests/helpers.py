@@ -132,3 +132,25 @@ def one_ulp_off(x, w, dy, case):
 
 
 triton_rms_norm = functools.partial(rms_norm, backend="triton")  # the Triton reference kernel
+
+
+def check_reduction_order(reduce, partials: np.ndarray, one_lane) -> None:
+    """A dweight reduction (``reduce``: float32 partial rows (numpy) → their sum (numpy)) adds the rows in one fixed
+    order: the same bits on every call, within float32 rounding of the float64 sum, a row left out caught (off by more
+    than the bound); after ``one_lane()`` (one-row tiles) the bits of adding the rows one after another, p = 0, 1, ...,
+    the rows reversed caught (other bits). Both stacks' reduction tests."""
+    parts = len(partials)
+    wide = partials.astype(np.float64)
+    exact, bound = wide.sum(axis=0), parts * np.finfo(np.float32).eps * np.abs(wide).sum(axis=0)
+    got = reduce(partials)
+    np.testing.assert_array_equal(reduce(partials), got)
+    assert np.all(np.abs(got - exact) <= bound)
+    if parts > 1:
+        assert not np.all(np.abs(reduce(partials[:-1]) - exact) <= bound)
+    one_lane()
+    want = np.zeros(partials.shape[1], np.float32)
+    for row in partials:
+        want = want + row
+    np.testing.assert_array_equal(reduce(partials), want)
+    if parts > 1:
+        assert not np.array_equal(reduce(partials[::-1]), want)

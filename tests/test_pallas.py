@@ -14,7 +14,8 @@ import pallas_norm as pn
 from pallas_norm import pallas_config
 from pallas_norm.pallas_config import Config
 
-from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_GPU, ON_HOPPER, check_jax, jax_inputs, jax_vjp
+from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_GPU, ON_HOPPER, check_jax, check_reduction_order, jax_inputs
+from helpers import jax_vjp
 
 CONFIGS = list(itertools.product(JAX_DTYPES, pn.CASTINGS, (0.0, 1.0)))
 # both lowerings' compiled kernels, for the GPU tests that hold each to the same contract
@@ -149,25 +150,10 @@ def test_dweight_reduction_order(parts, monkeypatch):
     rounding bound); the rows reversed (one lane: other bits)."""
     from pallas_norm import kernels
 
-    partials = jax.random.normal(jax.random.PRNGKey(parts), (parts, 1000), jnp.float32) * 1e3
-    wide = np.asarray(partials, np.float64)
-    exact, bound = wide.sum(axis=0), parts * np.finfo(np.float32).eps * np.abs(wide).sum(axis=0)
-
-    def reduce(p):
-        return np.asarray(kernels.reduce_dweight(p, jnp.float32, interpret=not ON_GPU))
-
-    got = reduce(partials)
-    np.testing.assert_array_equal(reduce(partials), got)
-    assert np.all(np.abs(got - exact) <= bound)
-    if parts > 1:
-        assert not np.all(np.abs(reduce(partials[:-1]) - exact) <= bound)
-    monkeypatch.setattr(kernels, "REDUCE_ROWS", 1)
-    want = np.zeros(1000, np.float32)
-    for row in np.asarray(partials):
-        want = want + row
-    np.testing.assert_array_equal(reduce(partials), want)
-    if parts > 1:
-        assert not np.array_equal(reduce(partials[::-1]), want)
+    partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, 1000), jnp.float32) * 1e3)
+    check_reduction_order(
+        lambda p: np.asarray(kernels.reduce_dweight(jnp.asarray(p), jnp.float32, interpret=not ON_GPU)), partials,
+        lambda: monkeypatch.setattr(kernels, "REDUCE_ROWS", 1))
 
 
 def test_bad_configs():
