@@ -214,21 +214,37 @@ LONG_ROWS = {  # (backward, n_pad): (cluster, stages, CTAs per SM, weight in sha
 }
 
 
+# The backward of rows one CTA holds: a fourth stage where rows of more than 1024 columns make small blocks (at most
+# SMALL_BLOCK_STAGES[0] elements per row buffer: 2304 or 2560 columns, or two rows of 1280) and each CTA walks at
+# most SMALL_BLOCK_STAGES[1] blocks. H100, through JAX (kernel durations; fifteenth session,
+# bench/results/probes_h100_2026-11-26.md), plain / fused add, 3 → 4 stages, TB/s: bf16 4096×2304 2.06 → 2.14 /
+# 2.26 → 2.28, 8192×2304 2.32 → 2.43 / 2.54 → 2.57, 4096×2560 +3.4% / +0.7%, 8192×1280 +4.1% / +0.8%, 16384×1280
+# +4.5% / -0.4%, 2048×2304 +3.7% / +1.0%; fp16 4096×2304 +5.0% / +1.2%; fp32 (twice the bytes per block) 4096×2304
+# +0.6% / -0.2%. Outside the rule a fourth stage lost or tied: 3072-4096 columns (4096×4096 -0.2%, 8192×4096 -3.2%,
+# 32768×3072 -6.6%), four rows of 640 (4096×640 -2.3%), 32768 rows of 1280 (62 blocks per CTA: -2%) and 2560
+# (-0.7%); but 16384×2304 (62 blocks per CTA) gained 3.4% and 32768×2304 1-2%. Stages change no CTA's rows: the
+# same dweight bits (tests/test_mosaic.py checks it on the GPU).
+SMALL_BLOCK_STAGES = (2560, 32)
+
+
 def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
     """The default config for ``(m, n)``, from the committed sweep (``python -m bench sweep --kernels mosaic``).
 
     Rows one CTA holds (``n_pad`` ≤ 16384): 3 stages; the forward with blocks of ``max(1, 2048 / n_pad)`` rows and
     4 / 2 / 1 co-resident CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384 (more warpgroups in flight: 32768×2304 2.65
     TB/s against 2.21 with two); the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to
-    8192 columns (a fourth stage won at 32768×2304 in the sweep, 2.56 against 2.34, but lost at 3584 in the suite
-    that followed: not taken). Longer rows: ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA per SM.
+    8192 columns, and a fourth stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``). Longer rows:
+    ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA per SM.
     """
     n_pad = next_pow2(n)
     if n_pad <= 16384:
         if not backward:
             return MosaicConfig(block_rows=max(1, 2048 // n_pad), stages=3,
                                 programs_per_sm=4 if n_pad <= 4096 else 2 if n_pad <= 8192 else 1)
-        return MosaicConfig(block_rows=max(1, 4096 // n_pad), stages=3, programs_per_sm=2 if n_pad <= 8192 else 1)
+        rows, per_sm = max(1, 4096 // n_pad), 2 if n_pad <= 8192 else 1
+        few = cdiv(max(m, 1), rows) <= SMALL_BLOCK_STAGES[1] * per_sm * backend.num_sms()
+        stages = 4 if n_pad >= 2048 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3
+        return MosaicConfig(block_rows=rows, stages=stages, programs_per_sm=per_sm)
     cluster, stages, per_sm, weight_smem, hold = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True, None))
     return MosaicConfig(block_rows=1, stages=stages, cluster=cluster, programs_per_sm=per_sm,
                         weight_in_smem=weight_smem, hold=hold)

@@ -33,13 +33,14 @@ def test_matrix(case):
 
 
 TILINGS = [MosaicConfig(block_rows=4, stages=3, hold=True), MosaicConfig(block_rows=2, stages=1, weight_in_smem=False),
-           MosaicConfig(block_rows=1, stages=2, programs_per_sm=2), MosaicConfig(block_rows=8, stages=2, hold=False)]
+           MosaicConfig(block_rows=1, stages=2, programs_per_sm=2), MosaicConfig(block_rows=8, stages=2, hold=False),
+           MosaicConfig(block_rows=1, stages=4, programs_per_sm=2)]
 
 
 @pytest.mark.parametrize("config", TILINGS, ids=str)
 def test_tilings(config):
     """Forced configs through the public API: several programs with ragged ranges, ragged last blocks (37 rows),
-    in-place staging with 1 to 3 stages, the weight from shared or global memory, rows held in registers between
+    in-place staging with 1 to 4 stages (4: more stages than some programs have blocks), the weight from shared or global memory, rows held in registers between
     the two walks or read again (both directions)."""
     x, w, dy = jax_inputs((37, 1536), jnp.bfloat16, 1.0, seed=3)
     plan = mosaic_config.fit(config, 37, 1536, row_bytes=4, weight_bytes=2, widest=2, backward=True)
@@ -99,6 +100,20 @@ def test_errors():
     if not ON_HOPPER:
         with pytest.raises(ValueError, match="compute capability"):
             pn.rms_norm(jnp.ones((2, 128)), impl="mosaic")
+
+
+def test_backward_heuristic_stages(monkeypatch):
+    """The backward of rows one CTA holds takes a fourth stage for small blocks of rows over 1024 columns
+    (``SMALL_BLOCK_STAGES``: at most 2560 elements per row buffer) walked by at most 32 blocks per CTA (on an H100's
+    132 SMs, 2 CTAs each); otherwise 3. The forward keeps 3."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    stages = {(m, n): mosaic_config.heuristic(m, n, backward=True).stages
+              for m, n in ((4096, 2304), (8192, 2560), (4096, 1280), (8448, 2304), (8449, 2304), (32768, 2304),
+                           (4096, 1536), (4096, 3072), (4096, 4096), (4096, 1024), (4096, 640))}
+    assert stages == {(4096, 2304): 4, (8192, 2560): 4, (4096, 1280): 4, (8448, 2304): 4, (8449, 2304): 3,
+                      (32768, 2304): 3, (4096, 1536): 3, (4096, 3072): 3, (4096, 4096): 3, (4096, 1024): 3,
+                      (4096, 640): 3}
+    assert mosaic_config.heuristic(4096, 2304, backward=False).stages == 3
 
 
 def test_fit_splits_long_rows_over_a_cluster():
@@ -193,6 +208,23 @@ def test_gpu_longest_rows_forward(m, n):
     np.testing.assert_allclose(np.asarray(rstd), np.asarray(rstd_ref), rtol=2e-6)
     diff = np.abs(np.asarray(y, np.float32) - np.asarray(y_ref, np.float32))
     assert float(diff.max()) <= 2 ** -6 * float(np.abs(np.asarray(y_ref, np.float32)).max())
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_stages_change_no_bits():
+    """The staging depth changes when blocks arrive, not which CTA sums which rows: the backward with 3 or 4 stages
+    (4096×2304, where the heuristic takes 4) gives the same dx and dweight bits. Negative control: 3 CTAs per SM
+    instead of 2 (other rows per CTA) changes dweight's bits."""
+    x, w, dy = jax_inputs((4096, 2304), jnp.bfloat16, 0.0, seed=9)
+
+    def grads(config):
+        return [np.asarray(g) for g in jax_vjp("mosaic", x, w, dy, bwd_config=config)[1:]]
+
+    four = grads(MosaicConfig(stages=4, programs_per_sm=2))
+    for got, want in zip(grads(MosaicConfig(stages=3, programs_per_sm=2)), four):
+        np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(grads(MosaicConfig(stages=4, programs_per_sm=3))[1], four[1])
 
 
 @pytest.mark.parametrize("capable", [True, False])
