@@ -40,8 +40,8 @@ TILINGS = [MosaicConfig(block_rows=4, stages=3, hold=True), MosaicConfig(block_r
 @pytest.mark.parametrize("config", TILINGS, ids=str)
 def test_tilings(config):
     """Forced configs through the public API: several programs with ragged ranges, ragged last blocks (37 rows),
-    in-place staging with 1 to 4 stages (4: more stages than some programs have blocks), the weight from shared or global memory, rows held in registers between
-    the two walks or read again (both directions)."""
+    in-place staging with 1 to 4 stages (4: more stages than some programs have blocks), the weight from shared or
+    global memory, rows held in registers between the two walks or read again (both directions)."""
     x, w, dy = jax_inputs((37, 1536), jnp.bfloat16, 1.0, seed=3)
     plan = mosaic_config.fit(config, 37, 1536, row_bytes=4, weight_bytes=2, widest=2, backward=True)
     assert plan.programs > 1 or plan.block_rows > 1
