@@ -243,7 +243,7 @@ def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
                                 programs_per_sm=4 if n_pad <= 4096 else 2 if n_pad <= 8192 else 1)
         rows, per_sm = max(1, 4096 // n_pad), 2 if n_pad <= 8192 else 1
         few = cdiv(max(m, 1), rows) <= SMALL_BLOCK_STAGES[1] * per_sm * backend.num_sms()
-        stages = 4 if n_pad >= 2048 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3
+        stages = 4 if n > 1024 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3
         return MosaicConfig(block_rows=rows, stages=stages, programs_per_sm=per_sm)
     cluster, stages, per_sm, weight_smem, hold = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True, None))
     return MosaicConfig(block_rows=1, stages=stages, cluster=cluster, programs_per_sm=per_sm,
