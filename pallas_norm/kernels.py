@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath
-from .pallas_config import Config, cdiv, reduce_tile
+from .pallas_config import Config, cdiv, reduce_cols, reduce_tile
 from .rounding import rounder
 
 F32 = jnp.float32
@@ -318,7 +318,7 @@ def reduce_dweight(partials, dtype, *, interpret: bool):
     """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
     (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
     parts, n = partials.shape
-    lanes, cols = reduce_tile(parts, REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
+    lanes, cols = reduce_tile(parts, REDUCE_ROWS, reduce_cols(n, REDUCE_COLS, backend.num_sms()), REDUCE_MAX_COLS)
     return pl.pallas_call(
         functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
         out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),

@@ -141,19 +141,40 @@ def test_small_backward_is_one_launch(casting):
         assert "pallas_norm_bwd" in jaxpr and ("pallas_norm_dweight_reduce" in jaxpr) == reduced
 
 
-@pytest.mark.parametrize("parts", [1, 8, 37, 300])
-def test_dweight_reduction_order(parts, monkeypatch):
+@pytest.mark.parametrize("parts, n", [(1, 1000), (8, 1000), (37, 1000), (300, 1000), (37, 12)])
+def test_dweight_reduction_order(parts, n, monkeypatch):
     """The reduction kernel (``kernels.reduce_dweight``) adds the float32 partial rows in one fixed order. Default
     tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a
-    remainder after the unrolled steps, a ragged last column tile). One lane (``REDUCE_ROWS = 1``): the bits of
-    adding the rows one after another, p = 0, 1, .... Broken variants: a row left out (off by more than the
-    rounding bound); the rows reversed (one lane: other bits)."""
+    remainder after the unrolled steps, a ragged last column tile; 12 columns: the narrowest tiles,
+    ``reduce_cols``). One lane (``REDUCE_ROWS = 1``): the bits of adding the rows one after another, p = 0, 1, ....
+    Broken variants: a row left out (off by more than the rounding bound); the rows reversed (one lane: other
+    bits)."""
     from pallas_norm import kernels
 
-    partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, 1000), jnp.float32) * 1e3)
+    partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, n), jnp.float32) * 1e3)
     check_reduction_order(
         lambda p: np.asarray(kernels.reduce_dweight(jnp.asarray(p), jnp.float32, interpret=not ON_GPU)), partials,
         lambda: monkeypatch.setattr(kernels, "REDUCE_ROWS", 1))
+
+
+def test_reduce_cols():
+    """The dweight reductions' columns per program (``pallas_config.reduce_cols``): the narrowest power of two from
+    ``REDUCE_MIN_COLS`` that gives at most one program per SM, at most the kernel's width. On an H100's 132 SMs:
+    8 columns at 1024 (528 partial rows: 128 programs instead of 32), 16 at 2048, the full 32 from 3584. Broken
+    variant: the fixed width leaves SMs idle at 1024 columns."""
+    def rule(n, cols, sms):
+        width = pallas_config.REDUCE_MIN_COLS
+        while width < cols and -(-n // width) > sms:
+            width *= 2
+        return width
+
+    def follows_rule(fn) -> bool:
+        return all(fn(n, cols, sms) == rule(n, cols, sms) for sms in (8, 114, 132) for cols in (32, 64)
+                   for n in (1, 12, 128, 1000, 1024, 1100, 2048, 2304, 3584, 4096, 16384, 262144))
+
+    assert follows_rule(pallas_config.reduce_cols)
+    assert [pallas_config.reduce_cols(n, 32, 132) for n in (128, 1024, 2048, 3584, 8192)] == [8, 8, 16, 32, 32]
+    assert not follows_rule(lambda n, cols, sms: cols)  # the fixed width
 
 
 def test_bad_configs():

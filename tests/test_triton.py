@@ -278,13 +278,13 @@ def test_torch_compile_fullgraph():
     assert torch.equal(xc.grad, xe.grad) and torch.equal(wc.grad, we.grad)
 
 
-@pytest.mark.parametrize("parts", [1, 8, 37, 300])
-def test_dweight_reduction_order(parts, monkeypatch):
+@pytest.mark.parametrize("parts, n", [(1, 1000), (8, 1000), (37, 1000), (300, 1000), (37, 12)])
+def test_dweight_reduction_order(parts, n, monkeypatch):
     """The dweight reduction (``triton_dweight.reduce``) adds the float32 partial rows in one fixed order. Default
     tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a ragged
-    last column tile). Tiles of one row: the bits of adding the rows one after another, p = 0, 1, .... Broken
-    variants: a row left out (off by more than the rounding bound); the rows reversed (one row per tile: other
-    bits)."""
+    last column tile; 12 columns: the narrowest tiles, ``pallas_config.reduce_cols``). Tiles of one row: the bits of
+    adding the rows one after another, p = 0, 1, .... Broken variants: a row left out (off by more than the rounding
+    bound); the rows reversed (one row per tile: other bits)."""
     from torch_bridge import triton_dweight
 
     def reduce(p):  # the launch key: what the kernel specialises on (rows, columns, tile)
@@ -293,5 +293,5 @@ def test_dweight_reduction_order(parts, monkeypatch):
                               ("test", p.shape, triton_dweight.REDUCE_BLOCK_G))
         return out.cpu().numpy()
 
-    partials = (torch.randn(parts, 1000, generator=torch.Generator().manual_seed(parts)) * 1e3).numpy()
+    partials = (torch.randn(parts, n, generator=torch.Generator().manual_seed(parts)) * 1e3).numpy()
     check_reduction_order(reduce, partials, lambda: monkeypatch.setattr(triton_dweight, "REDUCE_BLOCK_G", 1))

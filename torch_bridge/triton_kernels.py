@@ -14,8 +14,6 @@ float32->bfloat16 cast truncates, so there bfloat16 rounding is done with intege
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -182,15 +180,6 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sm_count(x: torch.Tensor) -> int:
-    return _num_sms(x.get_device()) if x.is_cuda else 2
-
-
 def _common(x: torch.Tensor) -> dict:
     return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[custom_ops.rstd_dtype(x)], EMULATE_BF16=INTERPRET)
 
@@ -203,7 +192,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     With ``residual`` (the fused add, same shape): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and
     ``y`` (``h_dtype`` too) its norm."""
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.forward_config(N, _sm_count(x))
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x))
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     if rstd is None:
@@ -217,7 +206,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype)
     row_blocks = cdiv(M, cfg.block_m)
-    g = min(row_blocks, cfg.programs_per_sm * _sm_count(x)) if cfg.chunked(N) else row_blocks
+    g = min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
                           M, N, float(N), eps, offset, g, cdiv(row_blocks, g)),
@@ -237,7 +226,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.backward_config(N, _sm_count(x))
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x))
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
@@ -262,7 +251,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     if M * N <= cfg.one_program_elems:
         g = 1
     else:
-        g = max(1, min(row_blocks, cfg.programs_per_sm * _sm_count(x) // n_chunks))
+        g = max(1, min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x) // n_chunks))
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd

@@ -11,6 +11,7 @@ always takes Triton's own path.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -41,6 +42,16 @@ def _direct(compiled, kernel, grid: tuple[int, ...], args: Sequence, meta: dict,
                *tail)
 
     return go
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(x: torch.Tensor) -> int:
+    """SMs of the GPU holding ``x`` (cached per device; 2 off a GPU, for the interpreter's small grids)."""
+    return _num_sms(x.get_device()) if x.is_cuda else 2
 
 
 def _hooks_set() -> bool:
