@@ -5,7 +5,9 @@ fixed costs a 2 GiB copy hides (the grid's ramp-up, the first DRAM latency, the 
 This measures, per shape, a torch ``copy_`` moving the same bytes as the norm (forward: M·N·s read and written;
 backward: 1.5·M·N·s read and written, the same 3·M·N·s), timed as the suite times JAX providers (the kernels' own
 durations over ``timing.rotations`` buffer sets, past L2), and ``rms_norm(impl=None)``'s forward and backward in the
-same process, the same way.
+same process, the same way. The backward reads two arrays and writes one; a copy reads one: ``add`` is XLA's
+elementwise ``x + dy`` (JAX, jitted: launched as our JAX kernels are), the backward's three streams and bytes with
+nothing else, timed the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ def copy_tbps(nbytes: int) -> float:
     return 2 * nbytes / us / 1e6
 
 
+def add_tbps(x, dy) -> float:
+    """TB/s (two read, one written) of XLA's ``x + dy`` on JAX copies of ``x``/``dy``, by its kernels' durations,
+    over rotated buffers."""
+    import jax
+
+    from torch_bridge import dlpack_route, jax_device
+
+    reps = timing.rotations(x.numel() * x.element_size())
+    dev = jax_device.jax_device_for(x)
+    sets = [tuple(jax.numpy.copy(dlpack_route.to_jax(t, dev)) for t in (x, dy)) for _ in range(reps)]
+    add = jax.jit(lambda ss: [a + b for a, b in ss])
+    fn = lambda: add(sets)  # noqa: E731
+    fn.reps = reps
+    return timing.tbps("bwd", *x.shape, x.element_size(), timing.time_jax(fn))
+
+
 def run(shapes=SHAPES) -> dict:
     import torch
 
@@ -45,7 +63,7 @@ def run(shapes=SHAPES) -> dict:
         x, w, dy = timing.inputs(m, n, torch.bfloat16, 0.0)
         size = m * n * x.element_size()
         fns = jax_modes(lambda a, b: pallas_norm.rms_norm(a, b, eps=timing.EPS), x, w, dy)
-        row = dict(m=m, n=n, copy_fwd=copy_tbps(size), copy_bwd=copy_tbps(3 * size // 2))
+        row = dict(m=m, n=n, copy_fwd=copy_tbps(size), copy_bwd=copy_tbps(3 * size // 2), add=add_tbps(x, dy))
         for mode in ("fwd", "bwd"):
             row[mode] = timing.tbps(mode, m, n, x.element_size(), timing.time_jax(fns[mode]))
         rows.append(row)
@@ -62,16 +80,19 @@ def markdown(result: dict) -> str:
            f"{big:.2f} TB/s (this run, the suite's ceiling). Made by `python -m bench ceiling`. `copy`: a torch "
            "`copy_` moving the norm's bytes (fwd M·N·s each way, bwd 1.5·M·N·s each way), its kernels timed over "
            "rotated buffers as the suite times JAX providers; `ours`: `rms_norm(impl=None)` in JAX, timed the same "
-           "way. TB/s (% of the 2 GiB copy); `of copy`: ours over the same-size copy.", "",
-           "| M×N | MB moved (fwd) | copy fwd | ours fwd | of copy | copy bwd | ours bwd | of copy |",
-           "|---|---|---|---|---|---|---|---|"]
+           "way; `add`: XLA's `x + dy` (two arrays read, one written: the backward's streams and bytes), launched by "
+           "JAX and timed the same way. TB/s (% of the 2 GiB copy); `of copy`, `of add`: ours over the same-size "
+           "copy, over the add.", "",
+           "| M×N | MB moved (fwd) | copy fwd | ours fwd | of copy | copy bwd | add | ours bwd | of copy | of add |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(v: float) -> str:
         return f"{v:.2f} ({100 * v / big:.0f}%)"
 
     for r in result["rows"]:
         mb = 2 * r["m"] * r["n"] * 2 / 1e6
+        add, of_add = (cell(r["add"]), f"{100 * r['bwd'] / r['add']:.0f}%") if "add" in r else ("–", "–")
         out.append(f"| {r['m']}×{r['n']} | {mb:.0f} | {cell(r['copy_fwd'])} | {cell(r['fwd'])} | "
-                   f"{100 * r['fwd'] / r['copy_fwd']:.0f}% | {cell(r['copy_bwd'])} | {cell(r['bwd'])} | "
-                   f"{100 * r['bwd'] / r['copy_bwd']:.0f}% |")
+                   f"{100 * r['fwd'] / r['copy_fwd']:.0f}% | {cell(r['copy_bwd'])} | {add} | {cell(r['bwd'])} | "
+                   f"{100 * r['bwd'] / r['copy_bwd']:.0f}% | {of_add} |")
     return "\n".join(out) + "\n"

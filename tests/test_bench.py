@@ -64,14 +64,17 @@ def test_carveout_table_says_what_xla_s_launch_costs():
 
 
 def test_ceiling_table_divides_by_the_same_size_copy():
-    """Each shape: the same-size copy and ours as TB/s (% of the 2 GiB copy) and ours over that copy; a table that
-    divided by the 2 GiB copy in the `of copy` column (2.36 / 3.02 = 78%) would fail."""
+    """Each shape: the same-size copy (and XLA's add of the backward's streams) and ours as TB/s (% of the 2 GiB
+    copy) and ours over each; a table that divided by the 2 GiB copy in the `of copy` or `of add` columns (2.36 /
+    3.02 = 78%) would fail. Rows of runs before the add was measured show none."""
     from bench import ceiling
 
     env = dict(gpu="H100", date="2026-11-26", jax="0.11.2", torch="2.11", triton="3.6", copy_tbps=3.02)
-    rows = [dict(m=4096, n=1024, copy_fwd=2.40, copy_bwd=2.50, fwd=2.36, bwd=1.52)]
+    rows = [dict(m=4096, n=1024, copy_fwd=2.40, copy_bwd=2.50, add=2.60, fwd=2.36, bwd=1.56),
+            dict(m=4096, n=2048, copy_fwd=2.40, copy_bwd=2.50, fwd=2.36, bwd=1.52)]
     text = ceiling.markdown(dict(env=env, rows=rows))
-    assert "| 4096×1024 | 17 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | 1.52 (50%) | 61% |" in text
+    assert "| 4096×1024 | 17 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | 2.60 (86%) | 1.56 (52%) | 62% | 60% |" in text
+    assert "| 4096×2048 | 34 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | – | 1.52 (50%) | 61% | – |" in text
 
 
 def test_render_writes_table_csv_and_plot(tmp_path):
