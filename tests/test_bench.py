@@ -73,7 +73,8 @@ def test_ceiling_table_divides_by_the_same_size_copy():
     rows = [dict(m=4096, n=1024, copy_fwd=2.40, copy_bwd=2.50, add=2.60, fwd=2.36, bwd=1.56),
             dict(m=4096, n=2048, copy_fwd=2.40, copy_bwd=2.50, fwd=2.36, bwd=1.52)]
     text = ceiling.markdown(dict(env=env, rows=rows))
-    assert "| 4096×1024 | 17 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | 2.60 (86%) | 1.56 (52%) | 62% | 60% |" in text
+    row = "| 4096×1024 | 17 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | 2.60 (86%) | 1.56 (52%) | 62% | 60% |"
+    assert row in text
     assert "| 4096×2048 | 34 | 2.40 (79%) | 2.36 (78%) | 98% | 2.50 (83%) | – | 1.52 (50%) | 61% | – |" in text
 
 
