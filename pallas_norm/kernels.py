@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath
-from .pallas_config import Config, cdiv, reduce_cols, reduce_tile
+from .pallas_config import Config, cdiv, reduce_tile
 from .rounding import rounder
 
 F32 = jnp.float32
@@ -34,7 +34,7 @@ F32 = jnp.float32
 # 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a band grid's
 # row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5 → 2.7 µs.
 # Sixteenth session: REDUCE_COLS is the most; short rows take fewer, about one program per SM
-# (pallas_config.reduce_cols: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
+# (pallas_config.reduce_cols, inside reduce_tile: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
 REDUCE_ROWS = 32
 REDUCE_COLS = 32
 REDUCE_UNROLL = 8
@@ -320,7 +320,7 @@ def reduce_dweight(partials, dtype, *, interpret: bool):
     """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
     (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
     parts, n = partials.shape
-    lanes, cols = reduce_tile(parts, REDUCE_ROWS, reduce_cols(n, REDUCE_COLS, backend.num_sms()), REDUCE_MAX_COLS)
+    lanes, cols = reduce_tile(parts, n, backend.num_sms(), REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
     return pl.pallas_call(
         functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
         out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),

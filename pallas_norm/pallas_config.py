@@ -136,13 +136,14 @@ def reduce_cols(n: int, cols: int, sms: int) -> int:
     return min(cols, max(REDUCE_MIN_COLS, next_pow2(cdiv(n, sms))))
 
 
-def reduce_tile(parts: int, rows: int, cols: int, max_cols: int) -> tuple[int, int]:
-    """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows (both stacks' reductions): up
-    to ``rows`` lanes, fewer for fewer partial rows (the next power of two), and then wider, keeping ``rows·cols``
-    elements per tile up to ``max_cols`` columns (a band grid's handful of partial rows over 262144 columns would
-    otherwise launch thousands of programs loading mostly masked tiles)."""
+def reduce_tile(parts: int, n: int, sms: int, rows: int, cols: int, max_cols: int) -> tuple[int, int]:
+    """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows of ``n`` columns on a GPU of
+    ``sms`` SMs (both stacks' reductions): up to ``rows`` lanes, fewer for fewer partial rows (the next power of
+    two), and then wider, keeping ``rows·c`` elements per tile up to ``max_cols`` columns, where ``c`` is
+    ``reduce_cols(n, cols, sms)`` (a band grid's handful of partial rows over 262144 columns would otherwise launch
+    thousands of programs loading mostly masked tiles)."""
     lanes = min(rows, next_pow2(max(parts, 1)))
-    return lanes, min(max_cols, rows * cols // lanes)
+    return lanes, min(max_cols, rows * reduce_cols(n, cols, sms) // lanes)
 
 
 def _pow2(name: str, v: object, limit: int) -> None:

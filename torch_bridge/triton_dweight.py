@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pallas_norm.pallas_config import cdiv, reduce_cols, reduce_tile
+from pallas_norm.pallas_config import cdiv, reduce_tile
 from torch_bridge import triton_launch
 from torch_bridge.triton_rowmath import INTERPRET, _TL_DTYPES, _to_dt
 
@@ -41,8 +41,8 @@ def reduce(partials: torch.Tensor, dweight: torch.Tensor, key: tuple) -> None:
     """``dweight[:] = Σ_p partials[p, :]`` (rows of the compute dtype, summed in row order), in one launch (not
     torch's sum and cast: two ops, ~2× the host time); ``key`` names the launch (``triton_launch.launch``)."""
     g, n = partials.shape
-    cols = reduce_cols(n, REDUCE_BLOCK_N, triton_launch.sm_count(partials))
-    block_g, block_n = reduce_tile(g, REDUCE_BLOCK_G, cols, REDUCE_MAX_N)
+    block_g, block_n = reduce_tile(g, n, triton_launch.sm_count(partials), REDUCE_BLOCK_G, REDUCE_BLOCK_N,
+                                   REDUCE_MAX_N)
     triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, block_n),), (partials, dweight, g, n),
                          lambda: dict(BLOCK_G=block_g, BLOCK_N=block_n, CT=_TL_DTYPES[partials.dtype],
                                       WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=REDUCE_WARPS),
