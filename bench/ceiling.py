@@ -37,19 +37,12 @@ def copy_tbps(nbytes: int) -> float:
 
 
 def add_tbps(x, dy) -> float:
-    """TB/s (two read, one written) of XLA's ``x + dy`` on JAX copies of ``x``/``dy``, by its kernels' durations,
-    over rotated buffers."""
-    import jax
+    """TB/s (two read, one written) of XLA's ``x + dy``, by its kernels' durations over ``jax_modes``' rotated JAX
+    copies (as the suite times JAX providers): the add is ``jax_modes``' forward, ``dy`` in the weight's place."""
+    from bench.providers import jax_modes
 
-    from torch_bridge import dlpack_route, jax_device
-
-    reps = timing.rotations(x.numel() * x.element_size())
-    dev = jax_device.jax_device_for(x)
-    sets = [tuple(jax.numpy.copy(dlpack_route.to_jax(t, dev)) for t in (x, dy)) for _ in range(reps)]
-    add = jax.jit(lambda ss: [a + b for a, b in ss])
-    fn = lambda: add(sets)  # noqa: E731
-    fn.reps = reps
-    return timing.tbps("bwd", *x.shape, x.element_size(), timing.time_jax(fn))
+    fwd = jax_modes(lambda a, b: a + b, x, dy, dy)["fwd"]
+    return timing.tbps("bwd", *x.shape, x.element_size(), timing.time_jax(fwd))
 
 
 def run(shapes=SHAPES) -> dict:
