@@ -57,8 +57,11 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     if len(runs) > 1:
         env["copy_note"] = ", ".join(r["env"].get("copy_note") or f"{r['env']['copy_tbps']:.2f}" for r in runs)
     rows = {}  # a later run's row replaces an earlier one's (same provider, mode, shape, small or not)
-    for row in (row for r in runs for row in r["rows"]):
-        rows[row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))] = row
+    for run in runs:
+        for row in run["rows"]:  # a torch row of a run timed by CUDA events keeps that mark (report.event_timed)
+            tag = {"timer": "events"} if "tbps" in row and report.event_timed(row, run["env"]) else {}
+            rows[row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))] = {**row, **tag}
+    env["timer"] = report.KERNEL_TIMER  # rows timed otherwise are tagged
     merged = dict(env=env, rows=list(rows.values()))
     paths = report.write(merged, out, suite_stem(env))
     if len(runs) > 1:  # the merged raw rows too, so the files re-render from what they show

@@ -9,7 +9,7 @@ import csv
 import io
 import pathlib
 
-from bench.names import OURS, TORCH_OURS, label
+from bench.names import JAX_OURS, JAX_PEERS, OURS, TORCH_OURS, label
 
 # Fractions of the same run's copy bandwidth that the JAX default (``impl=None``: "auto", or "pallas" in runs
 # made before it existed) must reach.
@@ -28,12 +28,25 @@ def pct(row: dict, copy: float) -> float | None:
     return row.get("pct_copy", 100 * row["tbps"] / copy)
 
 
-def _cell(row: dict | None, copy: float) -> str:
+KERNEL_TIMER = "kernels"  # env["timer"] (bench.suite) of runs that time every provider by its kernels' durations
+EVENTS_MARK = "†"
+
+
+def event_timed(row: dict, env: dict) -> bool:
+    """Whether a torch provider's row was timed by CUDA events around one call (host launch included): the rows of
+    runs made before the suite timed every provider by its kernels (merged files tag them ``timer="events"``)."""
+    if row.get("timer") == "events":
+        return True
+    return env.get("timer") != KERNEL_TIMER and row["provider"] not in JAX_OURS + JAX_PEERS and not row.get("small")
+
+
+def _cell(row: dict | None, copy: float, env: dict | None = None) -> str:
     if row is None:
         return "–"
     if "error" in row:
         return "err"
-    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%)"
+    mark = EVENTS_MARK if env is not None and event_timed(row, env) else ""
+    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%){mark}"
 
 
 def index(rows: list[dict]) -> dict:
@@ -55,14 +68,14 @@ def markdown(result: dict) -> str:
            + (f" (runs merged; each row's % uses its own run's copy: {env['copy_note']} TB/s)" if "copy_note" in env
               else ""), "",
            "TB/s (% of copy). Bytes: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s. `err`: the provider failed there "
-           "(see the CSV). Made by `python -m bench`.", ""]
+           "(see the CSV). Made by `python -m bench`. " + timer_note(result), ""]
     out += targets(result) + [""]
     wide = [p for p in provs if any(r["provider"] == p and not r.get("small") for r in rows)]
     for mode in ("fwd", "bwd", "fwd+bwd"):
         out += [f"## {mode}", "", "| M×N | " + " | ".join(map(label, wide)) + " | best peer |",
                 "|---|" + "---|" * (len(wide) + 1)]
         for m, n in _shapes(rows):
-            cells = [_cell(idx.get((p, mode, m, n, False)), copy) for p in wide]
+            cells = [_cell(idx.get((p, mode, m, n, False)), copy, env) for p in wide]
             peer = best_peer(idx, provs, mode, m, n)
             out.append(f"| {m}×{n} | " + " | ".join(cells) + f" | {label(peer[0]) if peer else '–'} |")
         out.append("")
@@ -90,6 +103,19 @@ def markdown(result: dict) -> str:
                 "| provider | MB |", "|---|---|"]
         out += [f"| {label(r['provider'])} | {r['peak_mb']:.0f} |" for r in mem if (r["m"], r["n"]) == big]
     return "\n".join(out) + "\n"
+
+
+def timer_note(result: dict) -> str:
+    """How the table's rows were timed: every provider by its kernels' durations, and which rows (``EVENTS_MARK``)
+    by CUDA events around one call instead."""
+    env, rows = result["env"], [r for r in result["rows"] if "tbps" in r]
+    events = sum(event_timed(r, env) for r in rows)
+    note = ("Every provider is timed by its kernels' own durations (CUPTI, mean of 20 calls, inputs rotated past "
+            "L2), torch's as JAX's")
+    if not events:
+        return note + "."
+    return (note + f", but the {events} rows marked {EVENTS_MARK}: torch providers timed by CUDA events around one "
+            "call (`triton.testing.do_bench`), which include its host launch (most of a small call's time).")
 
 
 def best_peer(idx: dict, provs: list[str], mode: str, m: int, n: int) -> tuple[str, float] | None:

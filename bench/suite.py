@@ -10,7 +10,7 @@ import jax
 import torch
 from rich.progress import Progress
 
-from bench import timing
+from bench import report, timing
 from bench.providers import Provider, providers
 
 NS = (1024, 2048, 2304, 3584, 4096, 5120, 8192, 16384)
@@ -41,14 +41,15 @@ def measure_shape(p: Provider, m: int, n: int, dtype: torch.dtype, casting: str,
     rows = []
     try:
         fns = p.build(x, w, dy, offset, casting)
-        timer = timing.time_jax if p.framework == "jax" else timing.time_torch
-        try:
-            mem = peak_mb(p, fns["fwd+bwd"])
-        except Exception:  # noqa: BLE001 - the fwd+bwd row records why
-            mem = None
+        mem = None
+        if getattr(fns["fwd+bwd"], "reps", 1) == 1:  # one call of one input set (rotated sets would add up)
+            try:
+                mem = peak_mb(p, fns["fwd+bwd"])
+            except Exception:  # noqa: BLE001 - the fwd+bwd row records why
+                pass
         for mode in timing.MODES:  # each mode on its own: a backward that cannot run leaves the forward's row
             try:
-                sec = timer(fns[mode])
+                sec = timing.time_kernels(fns[mode], timing.sync_any)
             except Exception as exc:  # OOM or a peer that cannot run this shape: recorded, never fatal
                 rows.append(_error_row(p, mode, m, n, exc))
                 continue
@@ -81,8 +82,11 @@ def measure_small(provs: list[Provider], m: int, dtype: torch.dtype, casting: st
             rows += [dict(provider=p.name, mode=mode, m=m, n=4096, small=True, error=f"{type(exc).__name__}: {exc}")
                      for mode in ("fwd", "fwd+bwd")]
     for mode in ("fwd", "fwd+bwd"):
-        samples = timing.interleaved_samples({name: fn for (name, md), fn in fns.items() if md == mode},
-                                             timing.torch_sync, 300, repeats=15)
+        loops = {name: fn for (name, md), fn in fns.items() if md == mode}
+        reps = {name: getattr(fn, "reps", 1) for name, fn in loops.items()}  # ops per call (rotated input sets)
+        calls = max(10, 300 // max(reps.values(), default=1))
+        samples = {name: [t / reps[name] for t in sec]
+                   for name, sec in timing.interleaved_samples(loops, timing.torch_sync, calls, repeats=15).items()}
         for name, sec in samples.items():
             row = dict(provider=name, mode=mode, m=m, n=4096, us=1e6 * statistics.median(sec), small=True)
             if "torch_native" in samples:
@@ -99,7 +103,7 @@ def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=
     dt = DTYPES[dtype]
     provs = providers(only)
     copy = timing.copy_tbps()
-    env = timing.environment(dtype=dtype, casting=casting, copy_tbps=copy)
+    env = timing.environment(dtype=dtype, casting=casting, copy_tbps=copy, timer=report.KERNEL_TIMER)
     rows = []
     with Progress() as bar:
         n_torch = sum(p.framework == "torch" for p in provs)

@@ -1,9 +1,11 @@
 """The benchmarks' one harness: timers, the copy ceiling, byte counts, inputs, the run's environment, file names.
 
-Timing (the device library's METHOD.md): torch callables by ``triton.testing.do_bench`` (CUDA events, warm-up,
-median, L2 flushed between calls); JAX callables by their kernels' own durations (CUPTI via ``torch.profiler``,
-mean of 20 calls after warm-up; JAX offers no events on its stream); host-bound small calls by back-to-back loops
-with one synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
+Timing (the device library's METHOD.md): the suite times every provider, torch's and JAX's alike, by its kernels'
+own durations (``time_kernels``: CUPTI via ``torch.profiler``, mean of 20 calls after warm-up, inputs rotated past
+L2; JAX offers no events on its stream, and CUDA events around one torch call also time its host launch, which at
+small sizes is most of it); other torch timings by ``triton.testing.do_bench`` (``time_torch``: CUDA events,
+warm-up, median, L2 flushed between calls); host-bound small calls by back-to-back loops with one synchronisation
+at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
 2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
 """
 
@@ -60,20 +62,25 @@ def rotations(nbytes: int) -> int:
     return max(1, min(8, (256 << 20) // nbytes))
 
 
-def time_jax(fn: Callable, iters: int = 20) -> float:
+def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
-    ``iters`` calls, after a warm-up call.
+    ``iters`` calls, after a warm-up call; ``sync(output)`` waits for them (``sync_any`` for torch and JAX alike).
 
     Not the wall clock of a loop of jitted calls: that read 5-17% below the same kernels' own durations on the
     H100 (host gaps between executables; 2026-11-24, ``docs/benchmarks.md``), while inside a model the norm is one
-    op of a large jit. A torch provider's CUDA events around one call cover the same kernels (and its launch)."""
+    op of a large jit (or of a torch graph whose host runs ahead of the GPU)."""
+    sync(fn())
+    us = sum(kernel_us(fn, iters, sync).values())
+    if us <= 0:
+        raise RuntimeError("time_kernels: the profiler recorded no GPU kernel (is CUPTI available?)")
+    return us * 1e-6 / getattr(fn, "reps", 1)
+
+
+def time_jax(fn: Callable, iters: int = 20) -> float:
+    """``time_kernels`` of a JAX callable."""
     import jax
 
-    jax.block_until_ready(fn())
-    us = sum(kernel_us(fn, iters, jax.block_until_ready).values())
-    if us <= 0:
-        raise RuntimeError("time_jax: the profiler recorded no GPU kernel (is CUPTI available?)")
-    return us * 1e-6 / getattr(fn, "reps", 1)
+    return time_kernels(fn, jax.block_until_ready, iters)
 
 
 def time_torch(fn: Callable) -> float:

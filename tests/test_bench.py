@@ -14,7 +14,7 @@ from bench import __main__ as bench_cli
 from bench import names, report, timing
 
 ENV = dict(gpu="NVIDIA H100 80GB HBM3", driver="580", jax="0.11.2", torch="2.11", triton="3.6", date="2026-11-22",
-           dtype="bfloat16", casting="llama", copy_tbps=3.0)
+           dtype="bfloat16", casting="llama", copy_tbps=3.0, timer=report.KERNEL_TIMER)
 
 
 def fake_run(pallas_fwd_tbps: float) -> dict:
@@ -103,6 +103,62 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     text = (tmp_path / "twice" / md.name).read_text()
     assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 1.1× – 1.2× | ✓ |" in text
     assert [p.suffix for p in bench_cli.render([str(later)], tmp_path / "small")] == [".md", ".csv"]  # no plot
+
+
+def test_torch_rows_timed_by_events_are_marked_and_stay_marked_when_merged(tmp_path):
+    """Runs before the kernel timer timed torch providers by CUDA events around one call (their host launch
+    included): those rows carry a †, also after a kernel-timed run is merged over some of them. The broken variant
+    (merging without tagging the older rows) would show them unmarked under the newer run's env."""
+    old = fake_run(2.95)
+    old["env"] = {k: v for k, v in ENV.items() if k != "timer"}  # a run before the kernel timer
+    assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%)† | 1.00 (33%) | err |" in report.markdown(old)
+    new = dict(env=ENV,
+               rows=[dict(r, tbps=2.6, pct_copy=2.6 / 3 * 100) for r in old["rows"]
+                     if r["provider"] == "torch_native" and (r["m"], r["n"]) == (32768, 4096)])
+    assert "Every provider is timed by its kernels' own durations" in report.markdown(new)
+    assert "†" not in report.markdown(new)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    md, *_ = bench_cli.render([str(tmp_path / "old.json"), str(tmp_path / "new.json")], tmp_path / "out")
+    text = md.read_text()
+    assert "| 32768×4096 | 2.95 (98%) | 2.60 (87%) | 1.00 (33%) | err |" in text
+    assert "| 32768×1024 | 2.95 (98%) | 2.00 (67%)† | 1.00 (33%) |" in text
+    assert "but the 6 rows marked †: torch providers timed by CUDA events" in text
+    untagged = dict(env=new["env"], rows=old["rows"])
+    assert "†" not in report.markdown(untagged)
+
+
+def test_torch_providers_rotate_their_inputs_and_never_write_them():
+    """``torch_modes`` (the suite's torch providers): small inputs give ``reps`` distinct sets (past L2, as the JAX
+    providers'), each call runs the op once per set (the timer divides by ``.reps``), every set gives the right
+    values, and the caller's tensors stay as they were. The broken variant (one set, read L2-hot) fails."""
+    from bench.providers import torch_modes
+
+    seen = []
+
+    def norm(a, b):
+        seen.append(a.data_ptr())
+        return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * b
+
+    def rotates(fns, reps):
+        seen.clear()
+        return len(fns["fwd"]()) == reps and len(set(seen)) == reps and all(f.reps == reps for f in fns.values())
+
+    g = torch.Generator().manual_seed(0)
+    x, w, dy = torch.randn(4, 8, generator=g), 1 + 0.1 * torch.randn(8, generator=g), torch.randn(4, 8, generator=g)
+    before = [t.clone() for t in (x, w, dy)]
+    fns = torch_modes(norm, x, w, dy)
+    reps = timing.rotations(x.numel() * x.element_size())
+    assert reps == 8 and rotates(fns, reps)
+    assert all(torch.equal(y, norm(x, w)) for y in fns["fwd"]())
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = torch.autograd.grad(norm(xr, wr), (xr, wr), dy)
+    for grads in fns["bwd"]() + fns["fwd+bwd"]():
+        for got, ref in zip(grads, want):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip((x, w, dy), before))
+    one_set = {mode: (lambda f=f: [f()]) for mode, f in {"fwd": lambda: norm(x, w)}.items()}
+    assert not rotates(one_set | {"bwd": one_set["fwd"], "fwd+bwd": one_set["fwd"]}, reps)
 
 
 def test_targets_mark_a_miss():
@@ -300,7 +356,7 @@ def test_a_mode_that_cannot_run_fails_alone(monkeypatch):
     provider = Provider("fake", "Fake", "torch", lambda *args: fns)
     ones = lambda m, n, dtype, offset: (torch.ones(m, n), torch.ones(n), torch.ones(m, n))  # noqa: E731
     monkeypatch.setattr(timing, "inputs", ones)
-    monkeypatch.setattr(timing, "time_torch", lambda fn: (fn(), 1e-3)[1])
+    monkeypatch.setattr(timing, "time_kernels", lambda fn, sync: (fn(), 1e-3)[1])
     monkeypatch.setattr(suite, "peak_mb", lambda p, fn: fn())
     rows = suite.measure_shape(provider, 4, 8, torch.float32, "llama", 0.0, copy=3.0)
     assert [("error" in r, r["mode"]) for r in rows] == [(False, "fwd"), (True, "bwd"), (True, "fwd+bwd")]
