@@ -151,7 +151,7 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    config = pallas_config.fit(config, m, n, backward=False)
+    config = pallas_config.fit(config, m, n, backward=False, fused=residual is not None)
     launch = bands.forward if config.lag else kernels.forward
     return launch(x2, weight, eps=eps, offset=offset, casting=casting, config=config, interpret=impl == "interpret",
                   **fused)

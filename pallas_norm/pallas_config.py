@@ -16,23 +16,30 @@ from . import backend
 MAX_RESIDENT_COLS = 16384
 MAX_BLOCK_ROWS = 1024
 # The H100 sweep behind every number below: bench/results/sweep_h100_bfloat16_llama.md (kernels timed by CUDA
-# events). Forward, resident rows: TARGET_ELEMS elements per program, a warp per FWD_ELEMS_PER_WARP (within 2%
-# of the sweep's best at every shape).
+# events) unless named. Forward, resident rows off the FWD_RESIDENT table: TARGET_ELEMS elements per program, a warp
+# per FWD_ELEMS_PER_WARP.
 TARGET_ELEMS = 8192
 FWD_ELEMS_PER_WARP = 1024
-# Forward, resident rows, when that grid would be under FWD_MIN_PROGRAMS programs (few rows: 4096×1024 is 512 of
-# 8 rows): (block_rows, warps) by padded row length. Timed as the suite times (8 rotated copies, kernel durations;
-# bench/results/fwd_4096rows_h100.md, H100 2026-11-25): 4096×1024 2 rows, 4 warps 2.38 TB/s against 2.22 (XLA's
-# jnp fusion 2.39); 4096×2048 2 rows, 8 warps 2.56 against 2.42 (XLA 2.50). At 4096×2304 (one row, 4 warps 2.52
-# against 2.40) and 4096×4096 (the default the fastest) the same padded length disagreed: not taken.
-FWD_MIN_PROGRAMS = 2048
-FWD_FEW_ROWS = {1024: (2, 4), 2048: (2, 8)}
+# Forward, resident rows filling more than PADDED_FILL of their padded length, by that length: (block_rows, warps),
+# at any row count. H100, bf16, every (rows, warps) holding 8-64 elements per thread timed from JAX by its kernels'
+# durations over rotated inputs, two rounds in one process (seventeenth session, `python -m bench.fwd_tiles`,
+# bench/results/fwd_tiles_h100.md), TB/s against the previous rule (TARGET_ELEMS, FWD_ELEMS_PER_WARP, and (2, 4) /
+# (2, 8) below 2048 programs): 32768×1024 (8, 8) 2.83 → 2.88, 32768×2048 (4, 8) 2.93 → 2.93, 4096×3584 (2, 8)
+# 2.66 → 2.67, 4096×4096 2.69 → 2.72, 32768×3584 2.98 → 3.00, 32768×4096 2.98 → 3.00, 4096×16384 (1, 16) 2.82 →
+# 2.83, 32768×16384 2.90 → 2.92; at 4096×1024, 4096×2048 and 8192 columns the tile was already the fastest.
+FWD_RESIDENT = {1024: (2, 4), 2048: (2, 8), 4096: (2, 16), 8192: (1, 8), 16384: (1, 32)}
+# The fused add's forward (x and residual in, y and h out) likewise, from the same run: against the previous rule
+# (the plain forward's), 4096×1024 (2, 4) 2.47 → 2.66 TB/s (its bytes, 4·M·N·2), 32768×1024 (8, 8) 2.89 → 2.94,
+# 4096×2048 2.72 → 2.76, 32768×2048 2.95 → 2.99, 4096×4096 (2, 8) 2.81 → 2.87, 32768×4096 2.94 → 2.99, 4096×8192
+# (1, 8) 2.91 → 2.93, 32768×8192 2.99 → 3.01, 4096×16384 (1, 16) 2.69 → 2.92, 32768×16384 2.80 → 2.97; the plain
+# forward's new tiles would have cost it up to 8% (32 warps at 16384 columns).
+FWD_ADD_RESIDENT = {1024: (2, 1), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 8)}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
 # bench/results/fwd_padded_rows_h100.md): 32768×2304 1 row, 4 warps 2.96 TB/s against 2.85 for 2 rows, 8 warps;
 # 4096×2304 2.53 against 2.40; 32768×1536 2 rows, 4 warps 2.93 against 2.89; 32768×3072 2.98 against 2.96,
-# 4096×3072 2.61 against 2.60. 3584 (7/8 of 4096) was not re-timed: unchanged.
+# 4096×3072 2.61 against 2.60.
 PADDED_FILL = 0.75
 # Forward, long rows: chunk width, warps, programs per SM, prefetch (8192×32768: 2.76 TB/s, 4096×65536: 2.45,
 # where the previous 4096-column chunks, 4 warps and a program per row gave 1.96 and 1.94).
@@ -201,8 +208,9 @@ class Config:
         return self.chunks(n) == 1
 
 
-def heuristic(m: int, n: int, *, backward: bool) -> Config:
-    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above."""
+def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
+    """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
+    add's forward (``FWD_ADD_RESIDENT``)."""
     n_pad = next_pow2(n)
     banded = bands_config(m, n, backward=backward)
     if banded is not None:
@@ -213,13 +221,14 @@ def heuristic(m: int, n: int, *, backward: bool) -> Config:
         return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
     rows = next_pow2(max(m, 1))
     if not backward:
-        target = TARGET_ELEMS // (2 if n <= PADDED_FILL * n_pad else 1)
-        block_rows = min(max(1, target // n_pad), MAX_BLOCK_ROWS, rows)
-        warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
-        if cdiv(max(m, 1), block_rows) < FWD_MIN_PROGRAMS and n_pad in FWD_FEW_ROWS:
-            block_rows, warps = FWD_FEW_ROWS[n_pad]
-            block_rows = min(block_rows, rows)
-        return fit(Config(block_rows, n_pad, warps), m, n, backward=False)
+        padded = n <= PADDED_FILL * n_pad
+        table = FWD_ADD_RESIDENT if fused else FWD_RESIDENT
+        if not padded and n_pad in table:
+            block_rows, warps = table[n_pad]
+        else:
+            block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
+            warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
+        return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
@@ -265,12 +274,12 @@ def _grid(per_sm: int, chunks: int, backward: bool) -> int:
     return max(1, per_sm * backend.num_sms() // (chunks if backward else 1))
 
 
-def fit(config: Config | None, m: int, n: int, *, backward: bool) -> Config:
-    """``config`` (the heuristic's when None) for an ``(m, n)`` launch: ``block_cols`` at most N's padded length
-    and, where a persistent grid runs (the backward; the long-row forward), a concrete ``programs`` between 1 and
-    the number of row blocks (None where it does not)."""
+def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
+    """``config`` (the heuristic's when None; ``fused``: the fused add's forward) for an ``(m, n)`` launch:
+    ``block_cols`` at most N's padded length and, where a persistent grid runs (the backward; the long-row forward),
+    a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
     if config is None:
-        return heuristic(m, n, backward=backward)
+        return heuristic(m, n, backward=backward, fused=fused)
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
     if config.lag and chunks == 1:  # no bands: a resident row

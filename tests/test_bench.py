@@ -161,6 +161,20 @@ def test_torch_providers_rotate_their_inputs_and_never_write_them():
     assert not rotates(one_set | {"bwd": one_set["fwd"], "fwd+bwd": one_set["fwd"]}, reps)
 
 
+def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
+    """``bench.fwd_tiles`` ranks a tile by the slower of its two rounds (one lucky round does not win) and shows the
+    heuristic's tile beside it; candidates hold 8-64 elements per thread and at most 16384 elements."""
+    from bench import fwd_tiles
+
+    assert fwd_tiles.candidates(16384) == [(1, 8), (1, 16), (1, 32)]
+    assert all(8 <= r * 1024 // (32 * w) <= 64 and r * 1024 <= 16384 for r, w in fwd_tiles.candidates(1000))
+    speeds = {(2, 4): (2.30, 2.31), (4, 4): (2.50, 2.10), (1, 1): (2.35, 2.34)}
+    rows = [dict(kernel="pallas", m=4096, n=1024, rows=t[0], warps=t[1], round=k, tbps=v)
+            for t, vs in speeds.items() for k, v in enumerate(vs)]
+    text = fwd_tiles.markdown(dict(env=ENV, rows=rows))
+    assert "| pallas | 4096×1024 | (2, 4) | 2.300 | (1, 1) | 2.340 | (2, 4): 2.30 / 2.31; (4, 4): 2.50 / 2.10;" in text
+
+
 def test_targets_mark_a_miss():
     lines = "\n".join(report.targets(fake_run(2.5)))
     assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024 | ✗ |" in lines

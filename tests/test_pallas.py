@@ -57,14 +57,20 @@ def test_shapes(case):
 CHUNKED = Config(block_rows=1, block_cols=128, num_warps=1)  # 1000-wide rows in 8 column chunks
 
 
-def test_forward_heuristic_spreads_few_rows():
-    """A forward of few short rows gets more, smaller programs (``FWD_FEW_ROWS``: 4096×1024 was 512 programs of 8
-    rows); many rows keep ``TARGET_ELEMS`` per program, and lengths outside the table keep the default."""
-    tiles = {(m, n): (c.block_rows, c.num_warps) for m, n in ((4096, 1024), (4096, 2048), (32768, 1024),
-                                                             (4096, 4096), (3, 1024))
+def test_forward_heuristic_tiles_full_rows_by_the_table():
+    """Rows filling more than ``PADDED_FILL`` of their padded length take ``FWD_RESIDENT``'s tile at any row count
+    (4096×1024 and 32768×1024 alike; tiny inputs fewer rows), the fused add's forward ``FWD_ADD_RESIDENT``'s;
+    lengths off the tables keep the ``TARGET_ELEMS`` rule."""
+    tiles = {(m, n): (c.block_rows, c.num_warps) for m, n in ((4096, 1024), (32768, 1024), (4096, 2048),
+                                                             (32768, 4096), (4096, 8192), (4096, 16384), (3, 1024),
+                                                             (1, 4096), (32768, 512))
              for c in [pallas_config.heuristic(m, n, backward=False)]}
-    assert tiles == {(4096, 1024): (2, 4), (4096, 2048): (2, 8), (32768, 1024): (8, 8), (4096, 4096): (2, 8),
-                     (3, 1024): (2, 4)}
+    assert tiles == {(4096, 1024): (2, 4), (32768, 1024): (2, 4), (4096, 2048): (2, 8), (32768, 4096): (2, 16),
+                     (4096, 8192): (1, 8), (4096, 16384): (1, 32), (3, 1024): (2, 4), (1, 4096): (1, 16),
+                     (32768, 512): (16, 8)}
+    fused = {n: (c.block_rows, c.num_warps) for n in (1024, 2048, 2304, 4096, 16384)
+             for c in [pallas_config.heuristic(4096, n, backward=False, fused=True)]}
+    assert fused == {1024: (2, 1), 2048: (1, 8), 2304: (1, 4), 4096: (1, 16), 16384: (1, 8)}  # FWD_ADD_RESIDENT
 
 
 def test_forward_heuristic_halves_padded_rows():
@@ -72,7 +78,7 @@ def test_forward_heuristic_halves_padded_rows():
     following: a warp per ``FWD_ELEMS_PER_WARP`` padded elements); fuller rows keep the default tile."""
     tiles = {n: (c.block_rows, c.num_warps) for n in (2304, 3072, 1536, 3584, 4096, 2048)
              for c in [pallas_config.heuristic(32768, n, backward=False)]}
-    assert tiles == {2304: (1, 4), 3072: (1, 4), 1536: (2, 4), 3584: (2, 8), 4096: (2, 8), 2048: (4, 8)}
+    assert tiles == {2304: (1, 4), 3072: (1, 4), 1536: (2, 4), 3584: (2, 16), 4096: (2, 16), 2048: (2, 8)}
 
 
 @pytest.mark.parametrize("casting", pn.CASTINGS)

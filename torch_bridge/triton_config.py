@@ -17,6 +17,13 @@ FWD_RESIDENT_MAX_N = 32768
 CHUNK_N = 8192  # column chunk of the long-row forward and of the backward's row-dot pass
 BWD_CHUNK_N = 4096  # column chunk of the long-row backward
 TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS // block_n)
+# The forward of rows filling more than ``pallas_config.PADDED_FILL`` of their padded length, by that length: (rows
+# per program, warps) instead of the TILE_ELEMS rule. H100, bf16, kernels timed from torch over rotated inputs, two
+# rounds in one process (seventeenth session, `python -m bench.fwd_tiles`, bench/results/fwd_tiles_h100.md), TB/s:
+# 4096×2048 (2, 4) 2.42 → 2.49, 32768×2048 2.87 → 2.94, 4096×3584 (1, 4) 2.62 → 2.66, 32768×3584 2.95 → 2.97,
+# 4096×4096 2.62 → 2.65, 32768×4096 2.92 → 2.93, 4096×8192 (1, 8) 2.77 → 2.85, 32768×8192 2.95 → 2.99 (the rule's
+# 1024 and 16384 tiles were the fastest; 4096's best, (2, 16), lost 2% at 3584). The fused add shares the tile.
+FWD_RESIDENT = {2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
 # Long rows (float32 compute; from BANDS_MIN_N / FWD_BANDS_MIN_N columns, below) on column bands (``triton_bands``): the
@@ -112,14 +119,17 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) 
 
 @functools.cache
 def forward_config(n: int, sms: int = 132) -> Config:
-    """One warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
-    most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``;
-    from ``FWD_BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute
-    only)."""
+    """``FWD_RESIDENT``'s tile for full rows of its lengths, else one warp per 1024 tile elements in the one-pass
+    forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over column chunks (more
+    loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of
+    ``sms`` SMs (the launcher uses them for float32 compute only)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
+        if block_n in FWD_RESIDENT and n > pallas_config.PADDED_FILL * block_n:
+            block_m, warps = FWD_RESIDENT[block_n]
+            return Config(block_m, block_n, warps)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         return Config(block_m, block_n, _warps(block_m * block_n, 1024))
     return chunked_forward_config()

@@ -1,0 +1,148 @@
+"""``python -m bench.fwd_tiles [MxN,...] [--out DIR]``: the resident forward's tile (rows per program × warps) at
+every candidate holding 8-64 elements per thread, for the Pallas kernels from JAX (``rms_norm``, and the fused add's
+``rms_norm_add``, whose forward takes the same tile) and for the Triton reference from torch.
+
+Every candidate is timed by its kernels' durations over rotated inputs (``timing.time_kernels``, the suite's method;
+JAX's through XLA's launch), in two rounds, the second in reverse order, in one process. Writes
+``fwd_tiles_<gpu>.md`` and ``.json``: per shape and kernel the heuristic's tile, the fastest (by the slower of its two
+rounds) and every candidate. The committed table is what ``pallas_config.FWD_RESIDENT`` and
+``triton_config.FWD_RESIDENT`` cite. Bytes: ``rms_norm`` 2·M·N·2, ``rms_norm_add`` 4·M·N·2 (x and residual in, y
+and h out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+from bench import suite, timing
+from pallas_norm.pallas_config import next_pow2
+
+SHAPES = tuple((m, n) for m in (4096, 32768) for n in suite.NS)
+KERNELS = ("pallas", "pallas_add", "triton")
+BYTES = {"pallas": 2, "pallas_add": 4, "triton": 2}  # bytes moved per element (× itemsize 2)
+
+
+def candidates(n: int) -> list[tuple[int, int]]:
+    """(rows, warps) of resident tiles of ``n`` columns (padded to a power of two) at most 16384 elements, with
+    8-64 elements per thread."""
+    n_pad = next_pow2(n)
+    return [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8, 16, 32)
+            if r * n_pad <= 16384 and 8 <= r * n_pad // (32 * w) <= 64]
+
+
+def _heuristic(kernel: str, m: int, n: int) -> tuple[int, int]:
+    if kernel == "triton":
+        from torch_bridge import triton_config
+        c = triton_config.forward_config(n)
+        return c.block_m, c.num_warps
+    from pallas_norm import pallas_config
+    c = pallas_config.heuristic(m, n, backward=False, fused=kernel == "pallas_add")
+    return c.block_rows, c.num_warps
+
+
+def _callables(kernel: str, m: int, n: int):
+    """``tile -> zero-argument callable`` running the forward once per rotated input set (``.reps`` of them)."""
+    reps = timing.rotations(m * n * 2 * (2 if kernel == "pallas_add" else 1))
+    sets = [timing.inputs(m, n, torch.bfloat16, 0.0, seed=i) for i in range(reps)]
+    if kernel == "triton":
+        from torch_bridge import triton_config, triton_kernels
+
+        def make(tile):
+            cfg = triton_config.Config(tile[0], next_pow2(n), tile[1])
+            return lambda: [triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, "llama", cfg) for x, w, _ in sets]
+        return make, reps
+    import jax
+    import jax.numpy as jnp
+
+    import pallas_norm
+    from pallas_norm.pallas_config import Config
+    from torch_bridge import dlpack_route, jax_device
+
+    own = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in s) for s in sets]
+    del sets
+
+    def make(tile):
+        cfg = Config(tile[0], next_pow2(n), tile[1])
+        if kernel == "pallas_add":
+            f = jax.jit(lambda ss: [pallas_norm.rms_norm_add(x, r, w, eps=timing.EPS, impl="pallas", config=cfg)
+                                    for x, w, r in ss])
+        else:
+            f = jax.jit(lambda ss: [pallas_norm.rms_norm(x, w, eps=timing.EPS, impl="pallas", config=cfg)
+                                    for x, w, _ in ss])
+        return lambda: f(own)
+    return make, reps
+
+
+def run(shapes=SHAPES, kernels=KERNELS) -> dict:
+    rows = []
+    for (m, n), kernel in ((s, k) for s in shapes for k in kernels):
+        make, reps = _callables(kernel, m, n)
+        tiles = candidates(n)
+        for rnd, order in enumerate((tiles, tiles[::-1])):
+            for tile in order:
+                fn = make(tile)
+                fn.reps = reps
+                sec = timing.time_kernels(fn, timing.sync_any)
+                tbps = BYTES[kernel] * m * n * 2 / sec / 1e12
+                rows.append(dict(kernel=kernel, m=m, n=n, rows=tile[0], warps=tile[1], round=rnd, tbps=tbps))
+                print(kernel, m, n, tile, rnd, f"{tbps:.3f}", flush=True)
+        del make
+        torch.cuda.empty_cache()
+    return dict(env=timing.environment(dtype="bfloat16", casting="llama"), rows=rows)
+
+
+def markdown(result: dict) -> str:
+    env, rows = result["env"], result["rows"]
+    out = [f"# The resident forward's tile: {env['gpu']}, bf16, casting=llama", "",
+           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
+           "`python -m bench.fwd_tiles`: TB/s by the kernels' own durations over rotated inputs, two rounds (the second "
+           "in reverse order) in one process; `pallas` and `pallas_add` (the fused add's forward, 4·M·N·2 bytes) from "
+           "JAX, `triton` (the Triton reference) from torch. A tile is (rows per program, warps); the fastest is by the "
+           "slower of its two rounds.", "", "| kernel | M×N | heuristic | heuristic TB/s | fastest | fastest TB/s | "
+           "every tile: TB/s (round 1 / round 2) |", "|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["kernel"], r["m"], r["n"]), {}).setdefault((r["rows"], r["warps"]), []).append(r["tbps"])
+    for (kernel, m, n), tiles in groups.items():
+        heur = _heuristic(kernel, m, n)
+        best = max(tiles, key=lambda t: min(tiles[t]))
+        every = "; ".join(f"{t}: " + " / ".join(f"{v:.2f}" for v in vs) for t, vs in tiles.items())
+        h = f"{min(tiles[heur]):.3f}" if heur in tiles else "–"
+        out.append(f"| {kernel} | {m}×{n} | {heur} | {h} | {best} | {min(tiles[best]):.3f} | {every} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fwd_tiles", description=__doc__.split("\n\n")[0])
+    parser.add_argument("shapes", nargs="?", type=_shapes, default=SHAPES, help="comma-separated MxN")
+    parser.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=KERNELS, help=", ".join(KERNELS))
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    if unknown := set(args.kernels) - set(KERNELS):
+        parser.error(f"--kernels takes {', '.join(KERNELS)}, got {sorted(unknown)}")
+    if (code := timing.gpu_or_exit_code(parser.prog)) is not None:
+        return code
+    result = run(args.shapes, args.kernels)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"fwd_tiles_{timing.gpu_slug(result['env']['gpu'])}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(v) for v in s.split("x", 1)) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes must be comma-separated MxN, got {text!r}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
