@@ -6,7 +6,8 @@ Triton reference; in JAX both ``"auto"``, the default, and ``"pallas"``, the Tri
 norm (``F.rms_norm``; ``torch.compile`` of HF's formula; ours). Bytes per call, by the op's own count: forward reads
 x and residual and writes y and h, backward reads h, dy and dh_out and writes dh (4·M·N·s each; the weight and
 dweight are negligible). Per-head norms: ``rms_norm`` on (rows, D) with D in {64, 128, 256} and millions of rows
-(the usual byte counts: 2 and 3 · M·N·s).
+(the usual byte counts: 2 and 3 · M·N·s). Every provider is timed by its kernels' durations (``_time``; the committed
+``fused_h100.md`` of 2026-11-24 predates this: its torch rows are CUDA events around one call).
 """
 
 from __future__ import annotations
@@ -89,8 +90,10 @@ def fused_providers() -> dict[str, Callable]:
     return out
 
 
-def _time(name: str, fn: Callable) -> float:
-    return timing.time_jax(fn) if name in JAX_IMPLS else timing.time_torch(fn)
+def _time(fn: Callable) -> float:
+    """Seconds per call by the kernels' durations, torch's and JAX's alike (``timing.time_kernels``: the suite's
+    method; every shape here moves at least 128 MB per call, past the L2, so one input set serves)."""
+    return timing.time_kernels(fn, timing.sync_any)
 
 
 def run(quick: bool = False) -> dict:
@@ -106,7 +109,7 @@ def run(quick: bool = False) -> dict:
         for name, build in fused_providers().items():
             fns = build(x, r, w, dy, dh)
             for mode, fn in fns.items():
-                tb = 4 * m * n * 2 / _time(name, fn) / 1e12
+                tb = 4 * m * n * 2 / _time(fn) / 1e12
                 rows.append(dict(table="fused", shape=f"{m}x{n}", provider=name, mode=mode, tbps=tb, pct=tb / copy))
             del fns
         del x, r, w, dy, dh
@@ -116,7 +119,7 @@ def run(quick: bool = False) -> dict:
         for p in providers(only=head_names):
             fns = p.build(x, w, dy, 0.0, "llama")
             for mode in ("fwd", "bwd"):
-                t = timing.time_jax(fns[mode]) if p.framework == "jax" else timing.time_torch(fns[mode])
+                t = _time(fns[mode])
                 tb = timing.tbps(mode, m, n, 2, t)
                 rows.append(dict(table="heads", shape=f"{m}x{n}", provider=p.name, mode=mode, tbps=tb, pct=tb / copy))
             del fns
