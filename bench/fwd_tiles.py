@@ -1,13 +1,13 @@
 """``python -m bench.fwd_tiles [MxN,...] [--out DIR]``: the resident forward's tile (rows per program × warps) at
 every candidate holding 8-64 elements per thread, for the Pallas kernels from JAX (``rms_norm``, and the fused add's
-``rms_norm_add``, whose forward takes the same tile) and for the Triton reference from torch.
+``rms_norm_add``, whose forward has its own table) and for the Triton reference from torch.
 
 Every candidate is timed by its kernels' durations over rotated inputs (``timing.time_kernels``, the suite's method;
 JAX's through XLA's launch), in two rounds, the second in reverse order, in one process. Writes
 ``fwd_tiles_<gpu>.md`` and ``.json``: per shape and kernel the heuristic's tile, the fastest (by the slower of its two
-rounds) and every candidate. The committed table is what ``pallas_config.FWD_RESIDENT`` and
-``triton_config.FWD_RESIDENT`` cite. Bytes: ``rms_norm`` 2·M·N·2, ``rms_norm_add`` 4·M·N·2 (x and residual in, y
-and h out).
+rounds) and every candidate. The committed table is what ``pallas_config.FWD_RESIDENT``/``FWD_ADD_RESIDENT`` and
+``triton_config.FWD_RESIDENT`` cite. Bytes: ``rms_norm`` 2·M·N·2, ``rms_norm_add`` 4·M·N·2 (x and residual in, y and
+h out).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def _callables(kernel: str, m: int, n: int):
     from pallas_norm.pallas_config import Config
     from torch_bridge import dlpack_route, jax_device
 
-    own = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in s) for s in sets]
+    own = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in s) for s in sets]  # x, w,
+    # and dy, which serves as the fused add's residual
     del sets
 
     def make(tile):
@@ -100,10 +101,10 @@ def markdown(result: dict) -> str:
     env, rows = result["env"], result["rows"]
     out = [f"# The resident forward's tile: {env['gpu']}, bf16, casting=llama", "",
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
-           "`python -m bench.fwd_tiles`: TB/s by the kernels' own durations over rotated inputs, two rounds (the second "
-           "in reverse order) in one process; `pallas` and `pallas_add` (the fused add's forward, 4·M·N·2 bytes) from "
-           "JAX, `triton` (the Triton reference) from torch. A tile is (rows per program, warps); the fastest is by the "
-           "slower of its two rounds.", "", "| kernel | M×N | heuristic | heuristic TB/s | fastest | fastest TB/s | "
+           "`python -m bench.fwd_tiles`: TB/s by the kernels' own durations over rotated inputs, two rounds (the "
+           "second in reverse order) in one process; `pallas` and `pallas_add` (the fused add's forward, 4·M·N·2 bytes) "
+           "from JAX, `triton` (the Triton reference) from torch. A tile is (rows per program, warps); the fastest is by "
+           "the slower of its two rounds.", "", "| kernel | M×N | heuristic | heuristic TB/s | fastest | fastest TB/s | "
            "every tile: TB/s (round 1 / round 2) |", "|---|---|---|---|---|---|---|"]
     groups: dict = {}
     for r in rows:

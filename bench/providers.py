@@ -4,7 +4,8 @@
 Modes: ``fwd`` (no autograd), ``bwd`` (the backward alone, from saved activations: a retained torch graph or a JAX
 ``vjp`` closure passed to a jitted function), ``fwd+bwd`` (a fresh forward and its backward, dx and dweight).
 Peers compute their own formula for the mode (HF Llama's or HF Gemma's; ``F.rms_norm`` is Llama-like). JAX
-providers get JAX-owned copies of the inputs (DLPack from torch, then copied), rotated past L2 when small.
+providers get JAX-owned copies of the inputs (DLPack from torch, then copied); both frameworks' providers rotate
+through several input sets when one is small (past L2, ``timing.rotations``), and each call runs every set.
 """
 
 from __future__ import annotations
