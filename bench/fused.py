@@ -41,12 +41,11 @@ def _torch_fused(fn: Callable, x, r, w, dy, dh) -> dict[str, Callable]:
 
 def _jax_fused(x, r, w, dy, dh, *, impl: str) -> dict[str, Callable]:
     import jax
-    import jax.numpy as jnp
 
     import pallas_norm
-    from torch_bridge import dlpack_route, jax_device
+    from bench.providers import jax_owned
 
-    a = [jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in (x, r, w, dy, dh)]
+    a = [jax_owned(t) for t in (x, r, w, dy, dh)]
     f = lambda x, r, w: pallas_norm.rms_norm_add(x, r, w, eps=EPS, impl=impl)  # noqa: E731
     _, vjp = jax.vjp(f, *a[:3])
     # dx and dresidual are the same values: a jitted function returning both would copy one; in a model each

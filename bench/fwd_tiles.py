@@ -57,14 +57,12 @@ def _callables(kernel: str, m: int, n: int):
             return lambda: [triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, "llama", cfg) for x, w, _ in sets]
         return make, reps
     import jax
-    import jax.numpy as jnp
 
     import pallas_norm
+    from bench.providers import jax_owned
     from pallas_norm.pallas_config import Config
-    from torch_bridge import dlpack_route, jax_device
 
-    own = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in s) for s in sets]  # x, w,
-    # and dy, which serves as the fused add's residual
+    own = [tuple(jax_owned(t) for t in s) for s in sets]  # x, w, and dy, which serves as the fused add's residual
     del sets
 
     def make(tile):

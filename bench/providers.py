@@ -56,13 +56,18 @@ def torch_modes(fn: Callable, x, w, dy) -> dict[str, Callable]:
     return fns
 
 
+def jax_owned(t: torch.Tensor) -> jax.Array:
+    """A JAX-owned copy of a torch CUDA tensor (DLPack onto its JAX device, then copied: JAX's allocator, as a JAX
+    model's arrays)."""
+    return jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t)))
+
+
 def jax_modes(f: Callable, x, w, dy) -> dict[str, Callable]:
     """JAX-owned copies of the inputs, ``reps`` of them when one set is small (rotation past L2, and one jitted
     call runs the op ``reps`` times back to back, so per-call dispatch is not what is timed: inside a model the
     norm is part of one large jit). Each callable returns its outputs; the timer divides by ``.reps``."""
     reps = rotations(x.numel() * x.element_size())
-    sets = [tuple(jnp.copy(dlpack_route.to_jax(t, jax_device.jax_device_for(t))) for t in (x, w, dy))
-            for _ in range(reps)]
+    sets = [tuple(jax_owned(t) for t in (x, w, dy)) for _ in range(reps)]
     vjps = functools.cache(lambda: [jax.vjp(f, a, b)[1] for a, b, _ in sets])  # first "bwd" call: a backward
     # that cannot run there (e.g. Mosaic GPU past 262144 columns) fails that mode only
 

@@ -40,13 +40,12 @@ def event_timed(row: dict, env: dict) -> bool:
     return env.get("timer") != KERNEL_TIMER and row["provider"] not in JAX_OURS + JAX_PEERS and not row.get("small")
 
 
-def _cell(row: dict | None, copy: float, env: dict | None = None) -> str:
+def _cell(row: dict | None, copy: float, env: dict) -> str:
     if row is None:
         return "–"
     if "error" in row:
         return "err"
-    mark = EVENTS_MARK if env is not None and event_timed(row, env) else ""
-    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%){mark}"
+    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%){EVENTS_MARK * event_timed(row, env)}"
 
 
 def index(rows: list[dict]) -> dict:

@@ -3,6 +3,8 @@ backward kernels (``triton_kernels``' persistent grid, ``triton_bands``' row gro
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -37,12 +39,14 @@ def _dweight_reduce_kernel(DWP, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.con
     tl.store(DW + cols, _to_dt(acc, WDT, EMULATE_BF16), mask=col_mask)
 
 
+_tile = functools.lru_cache(maxsize=None)(reduce_tile)  # once per shape: ``reduce`` runs on every backward
+
+
 def reduce(partials: torch.Tensor, dweight: torch.Tensor, key: tuple) -> None:
     """``dweight[:] = Σ_p partials[p, :]`` (rows of the compute dtype, summed in row order), in one launch (not
     torch's sum and cast: two ops, ~2× the host time); ``key`` names the launch (``triton_launch.launch``)."""
     g, n = partials.shape
-    block_g, block_n = reduce_tile(g, n, triton_launch.sm_count(partials), REDUCE_BLOCK_G, REDUCE_BLOCK_N,
-                                   REDUCE_MAX_N)
+    block_g, block_n = _tile(g, n, triton_launch.sm_count(partials), REDUCE_BLOCK_G, REDUCE_BLOCK_N, REDUCE_MAX_N)
     triton_launch.launch(key, _dweight_reduce_kernel, (cdiv(n, block_n),), (partials, dweight, g, n),
                          lambda: dict(BLOCK_G=block_g, BLOCK_N=block_n, CT=_TL_DTYPES[partials.dtype],
                                       WDT=_TL_DTYPES[dweight.dtype], EMULATE_BF16=INTERPRET, num_warps=REDUCE_WARPS),
