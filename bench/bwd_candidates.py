@@ -1,10 +1,11 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax]``: the resident backward's heuristic against candidate tilings,
-for ``rms_norm`` and for the fused add (``rms_norm_add``), as launched binaries timed by CUDA events (``bench sweep``'s
-method), with each main kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the kernels'
-durations over rotated inputs, the suite's method: XLA's launch and its shared-memory carveout, the dweight
-reduction included), with Mosaic GPU's backward beside them. Prints one line per (shape, op, config); the committed
-tables are bench/results/sweep_h100_bwd_2026-11-24.md and sweep_h100_bwd_jax_2026-11-26.md. Candidates: (elements
-per program, warps, programs per SM, prefetch).
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads]]``: the resident backward's heuristic against candidate
+tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched by torch (``bench sweep``'s
+method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main kernel's registers and
+spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and its shared-memory carveout, the
+dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``: per-head candidates. Prints one
+line per (shape, op, config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA
+events, before this timer), sweep_h100_bwd_jax_2026-11-26.md and bwd_heads_h100.md. Candidates: (elements per
+program, warps, programs per SM, prefetch).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ CANDIDATES = [(8192, 16, 1, True), (8192, 8, 1, True), (16384, 16, 1, True), (81
               (4096, 16, 1, True), (16384, 16, 1, False)]
 JAX_CANDIDATES = [(8192, 16, 1, True), (4096, 16, 2, True), (4096, 8, 2, True), (2048, 8, 4, True),
                   (2048, 4, 4, True), (1024, 2, 8, True)]
+# ``--heads``: per-head widths (64-512 columns), where the plain and the fused add's backward want different tiles
+# but must share one (the fused add's dweight is rms_norm's bits): bench/results/bwd_heads_h100.md.
+HEAD_CANDIDATES = [(4096, 4, 4, False), (8192, 8, 2, False), (8192, 8, 4, False), (16384, 16, 1, False),
+                   (4096, 8, 2, False), (8192, 4, 2, False), (2048, 4, 4, True), (4096, 8, 2, True)]
 
 
 def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> list[Config | None]:
@@ -47,19 +52,19 @@ def run(shapes: list[tuple[int, int]]) -> None:
                                                    x.dtype, x.dtype)(x, r, w)
         configs = _candidates(n, sms, CANDIDATES)
         for fused in (False, True):
+            sets = timing.input_sets((h, w, dy, dh, rstd) if fused else (x, w, dy, rstd))
             for cfg in configs:
                 launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, "llama", dev, cfg, fused)
-                args = (h, w, dy, dh, rstd) if fused else (x, w, dy, rstd)
-                seconds = timing.time_torch(lambda: launcher(*args))
+                seconds = timing.time_sets(launcher, sets)
                 main = launcher.kernels[-2]  # the last kernel sums dweight
                 print(f"{_line(m, n, fused, seconds, cfg)} {main.registers} regs {main.local_bytes} B", flush=True)
         del x, w, dy, r, dh, y, h, rstd
         torch.cuda.empty_cache()
 
 
-def run_jax(shapes: list[tuple[int, int]]) -> None:
-    """The JAX_CANDIDATES and Mosaic GPU, timed through JAX (``timing.time_jax``) from ``timing.rotations`` sets of
-    bf16 inputs: ``rms_norm``'s backward (x, weight → dx, dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh,
+def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool]] = JAX_CANDIDATES) -> None:
+    """The ``table``'s candidates and Mosaic GPU, timed through JAX (``timing.time_jax``) from ``timing.rotations``
+    sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx, dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh,
     dweight; dx and dresidual are the same values, one is kept as in ``bench fused``)."""
     import jax
     import jax.numpy as jnp
@@ -72,7 +77,7 @@ def run_jax(shapes: list[tuple[int, int]]) -> None:
         w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
         sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
         for fused in (False, True):
-            for cfg in _candidates(n, backend.num_sms(), JAX_CANDIDATES) + ["mosaic"]:
+            for cfg in _candidates(n, backend.num_sms(), table) + ["mosaic"]:
                 kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
                                                                                        bwd_config=cfg)
                 if fused:
@@ -93,4 +98,7 @@ def run_jax(shapes: list[tuple[int, int]]) -> None:
 
 if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
-    run_jax(parsed) if "--jax" in sys.argv[2:] else run(parsed)
+    if "--jax" in sys.argv[2:]:
+        run_jax(parsed, HEAD_CANDIDATES if "--heads" in sys.argv[2:] else JAX_CANDIDATES)
+    else:
+        run(parsed)

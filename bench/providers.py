@@ -22,7 +22,7 @@ import torch
 import pallas_norm
 import torch_bridge
 from bench.names import JAX_OURS, JAX_PEERS, TORCH_OURS, label
-from bench.timing import EPS, hf_formula, rotations
+from bench.timing import EPS, hf_formula, input_sets, rotations
 from torch_bridge import dlpack_route, jax_device
 
 
@@ -38,8 +38,8 @@ def torch_modes(fn: Callable, x, w, dy) -> dict[str, Callable]:
     """``reps`` sets of the inputs when one set is small (rotation past L2, as ``jax_modes``; the first set is the
     caller's tensors, never written), each with its own retained graph for ``bwd``. Each callable runs the op
     once per set and returns the outputs; the timer divides by ``.reps``."""
-    reps = rotations(x.numel() * x.element_size())
-    sets = [(x, w, dy)] + [tuple(t.clone() for t in (x, w, dy)) for _ in range(reps - 1)]
+    sets = input_sets((x, w, dy))
+    reps = len(sets)
     leaves = [(a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()) for a, b, _ in sets]
     saved = [fn(a, b) for a, b in leaves]
 

@@ -3,8 +3,9 @@ alternative tilings.
 
 Each config is passed the way tests and autotuning pass it: ``pallas_config.Config`` (Triton lowering) or
 ``mosaic_config.MosaicConfig`` (Mosaic GPU) through the cached JAX functions (``api.forward_fn``/``backward_fn``,
-compiled by XLA and launched from torch by ``launch_route``, so both kernel families are timed the same way, by
-``triton.testing.do_bench``), ``triton_config.Config`` to ``triton_kernels``. The heuristic's config is timed first
+compiled by XLA and launched from torch by ``launch_route``, so both kernel families are timed the same way: by
+their kernels' durations over inputs rotated past L2, ``timing.time_sets``, as the suite times every provider),
+``triton_config.Config`` to ``triton_kernels``. The heuristic's config is timed first
 at every shape; the table marks the fastest per kernel, direction and shape, so a heuristic change can cite the
 sweep that justifies it.
 """
@@ -224,7 +225,7 @@ def triton_configs(n: int, backward: bool, quick: bool, bands_only: bool = False
 def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str = "pallas",
                  modes: tuple[str, ...] = MODES, bands_only: bool = False, carveout: int | None = None) -> list[dict]:
     """Each config's kernels as XLA compiled them for the JAX API, launched from torch (``launch_route``) so they
-    are timed by CUDA events like every torch kernel; their registers and spill bytes per thread from the driver
+    are timed like every torch kernel (``timing.time_sets``); their registers and spill bytes per thread from the driver
     (Triton lowering) or ptxas's report (Mosaic GPU, with the CTAs per SM those registers allow against those the
     plan's persistent grid asks for). ``kernel``: ``"pallas"`` (Triton lowering) or ``"mosaic"``. With
     ``carveout`` the Triton lowering's kernels are timed again with that shared-memory carveout (XLA's launch sets
@@ -232,6 +233,7 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     dev = x.get_device()
     rstd = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting, dev)(x, w)[1]
+    sets = timing.input_sets((x, w, dy, rstd))
     rows = []
     for backward in _directions(modes):
         configs = (pallas_configs(m, n, backward, quick, bands_only) if kernel == "pallas" else
@@ -244,12 +246,12 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
                 with ptxas.capture() if kernel == "mosaic" else contextlib.nullcontext({}) as report:
                     if backward:
                         launcher = launch_route.backward_launcher(m, n, x.dtype, w.dtype, 0.0, casting, dev, cfg)
-                        call = lambda launcher=launcher: launcher(x, w, dy, rstd)  # noqa: E731
+                        call = launcher
                     else:
                         launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, 0.0, casting,
                                                                  dev, cfg)
-                        call = lambda launcher=launcher: launcher(x, w)  # noqa: E731
-                    row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_torch(call))
+                        call = lambda a, b, _dy, _rstd, launcher=launcher: launcher(a, b)  # noqa: E731
+                    row = _row(kernel, backward, m, n, x.element_size(), cfg, timing.time_sets(call, sets))
             except torch.AcceleratorError:  # the CUDA context is lost: nothing after this can run
                 print(f"sweep: {kernel} {m}x{n} {'bwd' if backward else 'fwd'} {cfg!r} broke the CUDA context",
                       file=sys.stderr, flush=True)
@@ -262,7 +264,8 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
                   flush=True)
             if carveout is not None and kernel == "pallas":
                 with timing.carveout(launcher.kernels, carveout):
-                    row["tbps_carveout"] = timing.tbps(row["mode"], m, n, x.element_size(), timing.time_torch(call))
+                    row["tbps_carveout"] = timing.tbps(row["mode"], m, n, x.element_size(),
+                                                       timing.time_sets(call, sets))
             main = [k for k in launcher.kernels if "reduce" not in getattr(k, "name", "")][-1]  # not dweight's sum
             if hasattr(main, "registers"):
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
@@ -277,15 +280,17 @@ def _triton_rows(m: int, n: int, dtype, casting: str, quick: bool, modes: tuple[
                  bands_only: bool = False) -> list[dict]:
     x, w, dy = timing.inputs(m, n, dtype, 0.0)
     _, rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, casting)
+    sets = timing.input_sets((x, w, dy, rstd))
     rows = []
     for backward in _directions(modes):
         for cfg in triton_configs(n, backward, quick, bands_only):
             if backward:
-                call = lambda cfg=cfg: triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, casting, True, True,  # noqa
-                                                                   config=cfg)
+                call = lambda a, b, g, r, cfg=cfg: triton_kernels.rms_norm_bwd(  # noqa: E731
+                    g, a, b, r, 0.0, casting, True, True, config=cfg)
             else:
-                call = lambda cfg=cfg: triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, casting, config=cfg)  # noqa
-            rows.append(_row("triton", backward, m, n, x.element_size(), cfg, timing.time_torch(call)))
+                call = lambda a, b, _g, _r, cfg=cfg: triton_kernels.rms_norm_fwd(  # noqa: E731
+                    a, b, timing.EPS, 0.0, casting, config=cfg)
+            rows.append(_row("triton", backward, m, n, x.element_size(), cfg, timing.time_sets(call, sets)))
     return rows
 
 

@@ -3,10 +3,10 @@
 Timing (the device library's METHOD.md): the suite times every provider, torch's and JAX's alike, by its kernels'
 own durations (``time_kernels``: CUPTI via ``torch.profiler``, mean of 20 calls after warm-up, inputs rotated past
 L2; JAX offers no events on its stream, and CUDA events around one torch call also time its host launch, which at
-small sizes is most of it); other torch timings by ``triton.testing.do_bench`` (``time_torch``: CUDA events,
-warm-up, median, L2 flushed between calls); host-bound small calls by back-to-back loops with one synchronisation
-at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward
-2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
+small sizes is most of it), and so do the sweeps (``time_sets``); the copy ceiling by ``triton.testing.do_bench``
+(``time_torch``: CUDA events, warm-up, median, L2 flushed between calls); host-bound small calls by back-to-back
+loops with one synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must
+move: forward 2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
 """
 
 from __future__ import annotations
@@ -74,6 +74,23 @@ def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     if us <= 0:
         raise RuntimeError("time_kernels: the profiler recorded no GPU kernel (is CUPTI available?)")
     return us * 1e-6 / getattr(fn, "reps", 1)
+
+
+def input_sets(tensors: tuple) -> list[tuple]:
+    """``rotations`` sets of torch ``tensors`` (sized by the first): the caller's own first (never written), then
+    clones, so that a call per set reads from memory (``time_sets``)."""
+    reps = rotations(tensors[0].numel() * tensors[0].element_size())
+    return [tuple(tensors)] + [tuple(t.clone() for t in tensors) for _ in range(reps - 1)]
+
+
+def time_sets(fn: Callable, sets: list[tuple], sync: Callable | None = None) -> float:
+    """``time_kernels`` of ``fn(*s)`` for every input set ``s`` (``input_sets``) back to back: seconds per op."""
+
+    def run():
+        return [fn(*s) for s in sets]
+
+    run.reps = len(sets)
+    return time_kernels(run, sync or torch_sync)
 
 
 def time_jax(fn: Callable, iters: int = 20) -> float:

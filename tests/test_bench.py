@@ -163,6 +163,36 @@ def test_torch_providers_rotate_their_inputs_and_never_write_them():
     assert not rotates(dict.fromkeys(("fwd", "bwd", "fwd+bwd"), one_set), reps)
 
 
+def test_sweeps_time_every_input_set_per_op(monkeypatch):
+    """``timing.time_sets`` (the sweeps' timer): one call runs ``fn`` once per set of ``input_sets`` (the caller's
+    tensors first, then distinct clones with equal values) and the kernels' time is divided by the sets. The broken
+    variant (the caller's set alone, read L2-hot) fails."""
+    seen, timed = [], {}
+
+    def fake_time_kernels(run, sync, iters=20):
+        seen.clear()
+        run()
+        timed["reps"] = getattr(run, "reps", 1)
+        return 8e-6 / timed["reps"]
+
+    monkeypatch.setattr(timing, "time_kernels", fake_time_kernels)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    sets = timing.input_sets((x, w))
+    reps = timing.rotations(x.numel() * x.element_size())
+    assert len(sets) == reps == 8 and sets[0][0] is x and sets[0][1] is w
+    assert all(torch.equal(s[0], x) and torch.equal(s[1], w) for s in sets)
+
+    def op(a, b):
+        seen.append(a.data_ptr())
+        return a * b
+
+    def honest(fn, sets):
+        return timing.time_sets(fn, sets) == 8e-6 / reps and len(set(seen)) == reps == timed["reps"]
+
+    assert honest(op, sets)
+    assert not honest(op, sets[:1])
+
+
 def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
     """``bench.fwd_tiles`` ranks a tile by the slower of its two rounds (one lucky round does not win) and shows the
     heuristic's tile beside it; candidates hold 8-64 elements per thread and at most 16384 elements."""
