@@ -49,8 +49,8 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # best with 8192 elements over 16 warps and one program per SM (2026-11-24 sweep, bench/results/
 # sweep_h100_bwd_2026-11-24.md: 32768×4096 2.71 TB/s against 2.58 for 4096 elements, 8 warps, 2 per SM; 32768×1024
 # 1.91 against 1.79; 32768×3584 2.62 against 2.49; the fused add's backward, which also reads dh_out, 2.82 against
-# 2.12 at 32768×4096). Short rows (per-head q/k norms, D ≤ 256): 16384 elements, no prefetch (2^21×128: 2.63 against
-# 2.49). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45 against 1.66).
+# 2.12 at 32768×4096). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45
+# against 1.66).
 # Fourteenth session: the dweight reduction's cost had kept the grid at one program per SM. With it at 1.4-3.4 µs
 # for 132-528 partial rows (kernels.REDUCE_ROWS), more and smaller programs pay at 512-2048 columns. From JAX (the
 # kernels' durations, XLA's launch; H100, bf16, bench/results/sweep_h100_bwd_jax_2026-11-26.md; plain / fused add
@@ -58,9 +58,17 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # 32768×1024 2.17 / 2.52 → 2.74 / 2.83; 4096×2048 2.10 / 2.21 → 2.31 / 2.44, 32768×2048 2.65 / 2.67 → 2.88 / 2.94;
 # 32768×512 2.03 / 2.21 → 2.30 / 2.55. At 4096 columns two programs per SM of one row help the plain backward
 # (32768×4096 2.87 → 2.94) and cost the fused one more (2.95 → 2.80); both must share a grid (the fused add's dweight
-# is rms_norm's bits), so 4096 keeps its choice.
-BWD_RESIDENT = {128: (16384, 16, 1, False, False), 256: (16384, 16, 1, False, False),
-                512: (4096, 8, 2, True, False), 1024: (2048, 4, 4, True, False), 2048: (4096, 8, 2, True, False),
+# is rms_norm's bits), so 4096 keeps its choice. Eighteenth session, short rows (per-head q/k norms; the table was
+# 16384 elements on 16 warps, one program per SM up to 256 columns), from JAX the same way, plain / fused add TB/s
+# (bench/results/bwd_heads_h100.md, `python -m bench.bwd_candidates ... --jax --heads`): the plain backward is
+# fastest in 4096-element programs on 4 warps, 4 per SM (2^20×128 2.59 → 2.83, 2^19×256 2.52 → 2.85), but the fused
+# add's collapses there from 128 columns (2.70 → 2.38, 2.74 → 2.24). Tiles that gain both: at 64 columns the small
+# programs (2^21×64 2.58 / 2.76 → 2.86 / 2.91); at 128 8192 elements on 8 warps, 2 per SM (2^20×128 2.59 / 2.70 →
+# 2.74 / 2.83, 2^18×128 2.43 / 2.58 → 2.60 / 2.70); at 256 512's tile (2^19×256 2.52 / 2.74 → 2.75 / 2.82, 2^16×256
+# 2.25 / 2.49 → 2.41 / 2.54), which 512 keeps (2.65 / 2.88; 4096 elements on 4 warps, 4 per SM 2.39 / 2.40).
+BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
+                **dict.fromkeys((256, 512), (4096, 8, 2, True, False)), 1024: (2048, 4, 4, True, False),
+                2048: (4096, 8, 2, True, False),
                 **dict.fromkeys((4096, 8192), (8192, 16, 1, True, False)),
                 16384: (16384, 16, 1, False, True)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
@@ -229,7 +237,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
-    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 128)]
+    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight),
