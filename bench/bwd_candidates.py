@@ -1,11 +1,12 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax [--heads]]``: the resident backward's heuristic against candidate
-tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched by torch (``bench sweep``'s
-method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main kernel's registers and
-spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and its shared-memory carveout, the
-dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``: per-head candidates. Prints one
-line per (shape, op, config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA
-events, before this timer), sweep_h100_bwd_jax_2026-11-26.md and bwd_heads_h100.md. Candidates: (elements per
-program, warps, programs per SM, prefetch).
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads] | --triton]``: the resident backward's heuristic
+against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched by torch
+(``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main
+kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and its
+shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
+per-head candidates; ``--triton``: the Triton reference's backward instead. Prints one line per (shape, op,
+config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events, before this
+timer), sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md and triton_bwd_tiles_h100.md. Candidates: (elements
+per program, warps, programs per SM, prefetch).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ JAX_CANDIDATES = [(8192, 16, 1, True), (4096, 16, 2, True), (4096, 8, 2, True), 
                   (2048, 4, 4, True), (1024, 2, 8, True)]
 # ``--heads``: per-head widths (64-512 columns), where the plain and the fused add's backward want different tiles
 # but must share one (the fused add's dweight is rms_norm's bits): bench/results/bwd_heads_h100.md.
+# ``--triton``: the Triton reference's backward, for the tiles at 512-1024 columns (bench/results/
+# triton_bwd_tiles_h100.md).
+TRITON_CANDIDATES = [(4096, 8, 2, True), (4096, 4, 2, True), (2048, 4, 4, True), (4096, 4, 4, True),
+                     (8192, 8, 2, True), (4096, 4, 2, False)]
 HEAD_CANDIDATES = [(4096, 4, 4, False), (8192, 8, 2, False), (8192, 8, 4, False), (16384, 16, 1, False),
                    (4096, 8, 2, False), (8192, 4, 2, False), (2048, 4, 4, True), (4096, 8, 2, True)]
 
@@ -59,6 +64,32 @@ def run(shapes: list[tuple[int, int]]) -> None:
                 main = launcher.kernels[-2]  # the last kernel sums dweight
                 print(f"{_line(m, n, fused, seconds, cfg)} {main.registers} regs {main.local_bytes} B", flush=True)
         del x, w, dy, r, dh, y, h, rstd
+        torch.cuda.empty_cache()
+
+
+def run_triton(shapes: list[tuple[int, int]]) -> None:
+    """The Triton reference's backward (``triton_kernels.rms_norm_bwd``), plain and fused add (with ``dh_out``), under
+    its heuristic (first) and ``TRITON_CANDIDATES``, launched by torch and timed the same way."""
+    from torch_bridge import triton_config, triton_kernels
+
+    for m, n in shapes:
+        x, w, dy = timing.inputs(m, n, torch.bfloat16, 0.0)
+        dh = timing.inputs(m, n, torch.bfloat16, 0.0, seed=3)[2]
+        rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, "llama")[1]
+        n_pad, sms = next_pow2(n), backend.num_sms()
+        configs = [triton_config.backward_config(n, sms)] + [
+            triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
+            for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+        for fused in (False, True):
+            sets = timing.input_sets((x, w, dy, rstd, dh))
+            for k, cfg in enumerate(configs):
+                def call(a, b, g, r, d, cfg=cfg, fused=fused):
+                    return triton_kernels.rms_norm_bwd(g, a, b, r, 0.0, "llama", True, True, config=cfg,
+                                                       dh_out=d if fused else None)
+                tbps = (4 if fused else 3) * m * n * 2 / timing.time_sets(call, sets) / 1e12
+                mark = " (heuristic)" if k == 0 else ""
+                print(f"{m}x{n} {'fused' if fused else 'plain'} {tbps:.2f} TB/s {cfg}{mark}", flush=True)
+        del x, w, dy, dh, rstd, sets
         torch.cuda.empty_cache()
 
 
@@ -100,5 +131,7 @@ if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
     if "--jax" in sys.argv[2:]:
         run_jax(parsed, HEAD_CANDIDATES if "--heads" in sys.argv[2:] else JAX_CANDIDATES)
+    elif "--triton" in sys.argv[2:]:
+        run_triton(parsed)
     else:
         run(parsed)

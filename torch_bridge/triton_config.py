@@ -39,6 +39,13 @@ ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per 
 # 32768×2304 2.03 → 2.36, 32768×3584 2.49 → 2.78, 32768×4096 2.64 → 2.83, 32768×5120 2.07 → 2.55, 32768×8192 2.55
 # → 2.91, 4096×4096 1.90 → 2.07 (512 columns: the Pallas kernels' sweep, not re-swept here).
 BWD_PREFETCH_N = (512, 8192)
+# Padded rows of BWD_PREFETCH_N[0] to this many columns run one warp per 1024 tile elements instead of 512 (4 warps,
+# the Pallas kernels' choice there). H100 bf16, kernels timed over rotated inputs (eighteenth session, `python -m
+# bench.bwd_candidates ... --triton`, bench/results/triton_bwd_tiles_h100.md), plain / fused add TB/s: 4096×512
+# 0.96 / 1.01 → 1.24 / 1.47, 32768×512 2.36 / 2.16 → 2.51 / 2.66, 4096×1024 1.65 / 1.90 → 1.93 / 2.14, 32768×1024
+# 2.71 / 2.83 → 2.75 / 2.88, 65536×1024 2.84 / 2.94 → 2.86 / 2.96; at 2048 8 warps stay faster (4096×2048 2.34 / 2.45
+# against 2.28 / 2.42).
+BWD_FEW_WARPS_MAX_N = 1024
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
@@ -142,16 +149,18 @@ def chunked_forward_config() -> Config:
 
 @functools.cache
 def backward_config(n: int, sms: int = 132) -> Config:
-    """One warp per 512 tile elements (x, dy and a dweight partial are live), the next row block prefetched for
-    ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from
-    ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    """One warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to ``BWD_FEW_WARPS_MAX_N``
+    columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a
+    row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the
+    launcher uses them for float32 compute only)."""
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         lo, hi = BWD_PREFETCH_N
-        return Config(block_m, block_n, _warps(block_m * block_n, 512), prefetch=lo <= block_n <= hi,
+        per_warp = 1024 if lo <= block_n <= BWD_FEW_WARPS_MAX_N else 512
+        return Config(block_m, block_n, _warps(block_m * block_n, per_warp), prefetch=lo <= block_n <= hi,
                       programs_per_sm=1 if block_n == hi else BWD_PROGRAMS_PER_SM)
     return chunked_backward_config()
 
