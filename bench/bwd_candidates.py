@@ -24,12 +24,12 @@ CANDIDATES = [(8192, 16, 1, True), (8192, 8, 1, True), (16384, 16, 1, True), (81
               (4096, 16, 1, True), (16384, 16, 1, False)]
 JAX_CANDIDATES = [(8192, 16, 1, True), (4096, 16, 2, True), (4096, 8, 2, True), (2048, 8, 4, True),
                   (2048, 4, 4, True), (1024, 2, 8, True)]
-# ``--heads``: per-head widths (64-512 columns), where the plain and the fused add's backward want different tiles
-# but must share one (the fused add's dweight is rms_norm's bits): bench/results/bwd_heads_h100.md.
 # ``--triton``: the Triton reference's backward, for the tiles at 512-1024 columns (bench/results/
 # triton_bwd_tiles_h100.md).
 TRITON_CANDIDATES = [(4096, 8, 2, True), (4096, 4, 2, True), (2048, 4, 4, True), (4096, 4, 4, True),
                      (8192, 8, 2, True), (4096, 4, 2, False)]
+# ``--heads``: per-head widths (64-512 columns), where the plain and the fused add's backward want different tiles
+# but must share one (the fused add's dweight is rms_norm's bits): bench/results/bwd_heads_h100.md.
 HEAD_CANDIDATES = [(4096, 4, 4, False), (8192, 8, 2, False), (8192, 8, 4, False), (16384, 16, 1, False),
                    (4096, 8, 2, False), (8192, 4, 2, False), (2048, 4, 4, True), (4096, 8, 2, True)]
 
