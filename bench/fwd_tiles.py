@@ -1,5 +1,5 @@
 """``python -m bench.fwd_tiles [MxN,...] [--out DIR]``: the resident forward's tile (rows per program × warps) at
-every candidate holding 8-64 elements per thread, for the Pallas kernels from JAX (``rms_norm``, and the fused add's
+every candidate holding 8-64 elements per thread, and the heuristic's, for the Pallas kernels from JAX (``rms_norm``, and the fused add's
 ``rms_norm_add``, whose forward has its own table) and for the Triton reference from torch.
 
 Every candidate is timed by its kernels' durations over rotated inputs (``timing.time_kernels``, the suite's method;
@@ -31,7 +31,8 @@ def candidates(n: int) -> list[tuple[int, int]]:
     """(rows, warps) of resident tiles of ``n`` columns (padded to a power of two) at most 16384 elements, with
     8-64 elements per thread."""
     n_pad = next_pow2(n)
-    return [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8, 16, 32)
+    rows = [1 << k for k in range(max(1, 16384 // n_pad).bit_length())]
+    return [(r, w) for r in rows for w in (1, 2, 4, 8, 16, 32)
             if r * n_pad <= 16384 and 8 <= r * n_pad // (32 * w) <= 64]
 
 
@@ -82,6 +83,8 @@ def run(shapes=SHAPES, kernels=KERNELS) -> dict:
     for (m, n), kernel in ((s, k) for s in shapes for k in kernels):
         make, reps = _callables(kernel, m, n)
         tiles = candidates(n)
+        if (heur := _heuristic(kernel, m, n)) not in tiles:  # timed beside them whatever its elements per thread
+            tiles = [heur] + tiles
         for rnd, order in enumerate((tiles, tiles[::-1])):
             for tile in order:
                 fn = make(tile)

@@ -27,7 +27,11 @@ FWD_ELEMS_PER_WARP = 1024
 # (2, 8) below 2048 programs): 32768×1024 (8, 8) 2.83 → 2.88, 32768×2048 (4, 8) 2.93 → 2.93, 4096×3584 (2, 8)
 # 2.66 → 2.67, 4096×4096 2.69 → 2.72, 32768×3584 2.98 → 3.00, 32768×4096 2.98 → 3.00, 4096×16384 (1, 16) 2.82 →
 # 2.83, 32768×16384 2.90 → 2.92; at 4096×1024, 4096×2048 and 8192 columns the tile was already the fastest.
-FWD_RESIDENT = {1024: (2, 4), 2048: (2, 8), 4096: (2, 16), 8192: (1, 8), 16384: (1, 32)}
+# Eighteenth session, per-head widths (bench/results/fwd_tiles_heads_h100.md, 2^28 elements): 2048-element programs,
+# where the rule gave 8192: 2^22×64 (32, 4) 2.98 → 2.99 (the fastest, (32, 8), 3.00), 2^21×128 (16, 4) 2.99 → 3.02,
+# 2^20×256 (8, 4) 3.02 → 3.03 (torch.compile 3.02-3.03 in `bench fused`).
+FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
+                1024: (2, 4), 2048: (2, 8), 4096: (2, 16), 8192: (1, 8), 16384: (1, 32)}
 # The fused add's forward (x and residual in, y and h out) likewise, from the same run: against the previous rule
 # (the plain forward's), 4096×1024 (2, 4) 2.47 → 2.66 TB/s (its bytes, 4·M·N·2), 32768×1024 (8, 8) 2.89 → 2.94,
 # 4096×2048 2.72 → 2.76, 32768×2048 2.95 → 2.99, 4096×4096 (2, 8) 2.81 → 2.87, 32768×4096 2.94 → 2.99, 4096×8192

@@ -207,6 +207,22 @@ def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
     assert "| pallas | 4096×1024 | (2, 4) | 2.300 | (1, 1) | 2.340 | (2, 4): 2.30 / 2.31; (4, 4): 2.50 / 2.10;" in text
 
 
+def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch):
+    """Narrow rows get candidates of up to 16384 elements (256 rows of 64), and a heuristic tile outside the
+    candidates is timed beside them, so its TB/s is in the table. The broken variant (candidates alone) shows "–"."""
+    from bench import fwd_tiles
+
+    assert max(r for r, _ in fwd_tiles.candidates(64)) == 256
+    monkeypatch.setattr(fwd_tiles, "_heuristic", lambda kernel, m, n: (3, 3))
+    monkeypatch.setattr(fwd_tiles, "_callables", lambda kernel, m, n: (lambda tile: lambda: None, 1))
+    monkeypatch.setattr(timing, "time_kernels", lambda fn, sync: 1e-3)
+    monkeypatch.setattr(timing, "environment", lambda **kw: ENV)
+    result = fwd_tiles.run(shapes=((4096, 1024),), kernels=("pallas",))
+    assert "| pallas | 4096×1024 | (3, 3) | 0.017 |" in fwd_tiles.markdown(result)
+    broken = dict(result, rows=[r for r in result["rows"] if (r["rows"], r["warps"]) != (3, 3)])
+    assert "| pallas | 4096×1024 | (3, 3) | – |" in fwd_tiles.markdown(broken)
+
+
 def test_targets_mark_a_miss():
     lines = "\n".join(report.targets(fake_run(2.5)))
     assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024 | ✗ |" in lines
