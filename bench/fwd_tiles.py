@@ -1,6 +1,7 @@
 """``python -m bench.fwd_tiles [MxN,...] [--out DIR]``: the resident forward's tile (rows per program × warps) at
-every candidate holding 8-64 elements per thread, and the heuristic's, for the Pallas kernels from JAX (``rms_norm``, and the fused add's
-``rms_norm_add``, whose forward has its own table) and for the Triton reference from torch.
+every candidate holding 8-64 elements per thread, and the heuristic's, for the Pallas kernels from JAX
+(``rms_norm``, and the fused add's ``rms_norm_add``, whose forward has its own table) and for the Triton reference
+from torch.
 
 Every candidate is timed by its kernels' durations over rotated inputs (``timing.time_kernels``, the suite's method;
 JAX's through XLA's launch), in two rounds, the second in reverse order, in one process. Writes
