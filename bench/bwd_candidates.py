@@ -80,8 +80,8 @@ def run_triton(shapes: list[tuple[int, int]]) -> None:
         configs = [triton_config.backward_config(n, sms)] + [
             triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
             for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+        sets = timing.input_sets((x, w, dy, rstd, dh))  # the plain backward ignores dh
         for fused in (False, True):
-            sets = timing.input_sets((x, w, dy, rstd, dh))
             for k, cfg in enumerate(configs):
                 def call(a, b, g, r, d, cfg=cfg, fused=fused):
                     return triton_kernels.rms_norm_bwd(g, a, b, r, 0.0, "llama", True, True, config=cfg,

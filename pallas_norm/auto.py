@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import PADDED_FILL, next_pow2, one_program
+from .pallas_config import full_row, one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
@@ -81,7 +81,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and n > PADDED_FILL * next_pow2(n))
+        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n))
     else:
         lo, hi = MOSAIC_FWD_COLS
         mosaic = lo < n <= hi

@@ -142,6 +142,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def full_row(n: int) -> bool:
+    """Whether a row of ``n`` columns fills more than ``PADDED_FILL`` of its padded length (the resident forward's
+    tables hold such rows; both stacks' heuristics and ``auto``'s backward choice ask this)."""
+    return n > PADDED_FILL * next_pow2(n)
+
+
 def one_program(m: int, n: int) -> bool:
     """Whether an ``(m, n)`` backward is small enough for one program (``ONE_PROGRAM_ELEMS``)."""
     return m * n <= ONE_PROGRAM_ELEMS
@@ -233,7 +239,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
         return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
     rows = next_pow2(max(m, 1))
     if not backward:
-        padded = n <= PADDED_FILL * n_pad
+        padded = not full_row(n)
         table = FWD_ADD_RESIDENT if fused else FWD_RESIDENT
         if not padded and n_pad in table:
             block_rows, warps = table[n_pad]

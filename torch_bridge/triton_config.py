@@ -134,7 +134,7 @@ def forward_config(n: int, sms: int = 132) -> Config:
         return bands
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
-        if block_n in FWD_RESIDENT and n > pallas_config.PADDED_FILL * block_n:
+        if block_n in FWD_RESIDENT and pallas_config.full_row(n):
             block_m, warps = FWD_RESIDENT[block_n]
             return Config(block_m, block_n, warps)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
