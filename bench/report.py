@@ -40,12 +40,14 @@ def event_timed(row: dict, env: dict) -> bool:
     return env.get("timer") != KERNEL_TIMER and row["provider"] not in JAX_OURS + JAX_PEERS and not row.get("small")
 
 
-def _cell(row: dict | None, copy: float, env: dict) -> str:
+def cell(row: dict | None, env: dict, error: str = "err") -> str:
+    """A row's ``TB/s (% of copy)``, marked ``EVENTS_MARK`` where timed by CUDA events; "–" for no row, ``error``
+    for a failed one (the tables here and the README summary)."""
     if row is None:
         return "–"
-    if "error" in row:
-        return "err"
-    return f"{row['tbps']:.2f} ({pct(row, copy):.0f}%){EVENTS_MARK * event_timed(row, env)}"
+    if "tbps" not in row:
+        return error
+    return f"{row['tbps']:.2f} ({pct(row, env['copy_tbps']):.0f}%){EVENTS_MARK * event_timed(row, env)}"
 
 
 def index(rows: list[dict]) -> dict:
@@ -74,7 +76,7 @@ def markdown(result: dict) -> str:
         out += [f"## {mode}", "", "| M×N | " + " | ".join(map(label, wide)) + " | best peer |",
                 "|---|" + "---|" * (len(wide) + 1)]
         for m, n in _shapes(rows):
-            cells = [_cell(idx.get((p, mode, m, n, False)), copy, env) for p in wide]
+            cells = [cell(idx.get((p, mode, m, n, False)), env) for p in wide]
             peer = best_peer(idx, provs, mode, m, n)
             out.append(f"| {m}×{n} | " + " | ".join(cells) + f" | {label(peer[0]) if peer else '–'} |")
         out.append("")
