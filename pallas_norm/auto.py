@@ -55,13 +55,19 @@ loses where it pads a quarter or more of the row: 32768×2304 2.48 / 2.70 agains
 2.61 against 2.73 / 2.89 (4096×2304 2.10 / 2.32 against 2.05 / 2.26, a tie). So the backward of rows of at most
 ``TRITON_BWD_COLS`` columns that fill more than ``pallas_config.PADDED_FILL`` of their padded length takes
 the Triton lowering; Mosaic GPU keeps the rest of 1024-131072.
+
+Nineteenth session: where ``triton_ffi`` is available (the ``triton`` package beside a CUDA jaxlib, Hopper), the
+Triton lowering's forward of full rows of 32768 columns (padded length 32768, more than 3/4 filled) holds them in
+registers and is launched by jaxlib's Triton call, outside XLA's carveout (``pallas_config.FWD_FFI_RESIDENT``):
+8192×32768 2.99 TB/s against Mosaic GPU's 2.74 (``bench/results/ffi_launch_h100.md``), so that forward leaves
+Mosaic GPU.
 """
 
 from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import full_row, one_program
+from .pallas_config import ffi_forward, full_row, one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
@@ -69,10 +75,11 @@ MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <
 MOSAIC_ALIGN = 128
 
 
-def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None) -> str:
-    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns. A backward of at
-    most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs it as one launch (one
-    program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such calls are host-bound."""
+def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None, fused: bool = False) -> str:
+    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns (``fused``: the fused
+    add's forward, which has no jaxlib-launched tile). A backward of at most ``pallas_config.ONE_PROGRAM_ELEMS``
+    elements takes the Triton lowering, which runs it as one launch (one program storing dweight; Mosaic's is two:
+    its kernel and the partials' reduction): such calls are host-bound."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
@@ -84,5 +91,5 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n))
     else:
         lo, hi = MOSAIC_FWD_COLS
-        mosaic = lo < n <= hi
+        mosaic = lo < n <= hi and (fused or not ffi_forward(n))
     return "mosaic" if mosaic else "pallas"

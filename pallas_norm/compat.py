@@ -132,3 +132,16 @@ def mlir():
         return jax_mlir.make_ir_context, ir, dialect.register_dialect
 
     return _private("JAX's MLIR bindings (jax._src.interpreters.mlir, jax._src.lib.mlir, jax._src.lib.triton)", load)
+
+
+def gpu_triton():
+    """jaxlib's Triton kernel call (``jax._src.lib.gpu_triton``: ``TritonKernel``, ``TritonKernelCall``, the
+    ``triton_kernel_call_ffi`` target, registered on import), the one jax-triton launches through; None when
+    this jaxlib has no CUDA plugin."""
+
+    def load():
+        from jax._src.lib import gpu_triton as lib
+
+        return lib if hasattr(lib, "TritonKernelCall") else None
+
+    return _private("jaxlib's Triton kernel call (jax._src.lib.gpu_triton)", load)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import backend, rowmath
+from . import backend, rowmath, triton_ffi
 from .pallas_config import Config, cdiv, reduce_tile
 from .rounding import rounder
 
@@ -258,15 +258,19 @@ def forward(x, weight, *, eps: float, offset: float, casting: str, config: Confi
                                has_weight=weight is not None, has_residual=fused)
     args = (x, *((residual,) if fused else ()), *(() if weight is None else (weight,)))
     row_dtype = h_dtype if fused else x.dtype
-    return pl.pallas_call(
+    out_shape = (jax.ShapeDtypeStruct((m, n), row_dtype), *(jax.ShapeDtypeStruct((m, n), row_dtype),) * fused,
+                 jax.ShapeDtypeStruct((m,), F32))
+    call = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((m, n), row_dtype), *(jax.ShapeDtypeStruct((m, n), row_dtype),) * fused,
-                   jax.ShapeDtypeStruct((m,), F32)),
+        out_shape=out_shape,
         grid=(cdiv(m, config.block_rows) if config.resident(n) else config.programs,),
         compiler_params=backend.compiler_params(config.num_warps, config.num_stages, interpret=interpret),
         interpret=interpret,
         name="pallas_norm_add_fwd" if fused else "pallas_norm_fwd",
-    )(*args)
+    )
+    if config.ffi_launch and not interpret:
+        return tuple(triton_ffi.launch(call, args, out_shape))
+    return call(*args)
 
 
 def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config, interpret: bool,

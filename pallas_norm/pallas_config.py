@@ -38,6 +38,13 @@ FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
 # (1, 8) 2.91 → 2.93, 32768×8192 2.99 → 3.01, 4096×16384 (1, 16) 2.69 → 2.92, 32768×16384 2.80 → 2.97; the plain
 # forward's new tiles would have cost it up to 8% (32 warps at 16384 columns).
 FWD_ADD_RESIDENT = {1024: (2, 1), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 8)}
+# The plain forward of full rows of these padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is
+# available (``Config.ffi_launch``: the driver's L1 carveout instead of XLA's most-shared-memory one): (block_rows,
+# warps). H100, bf16, kernels timed from JAX (nineteenth session, bench/results/ffi_launch_h100.md): 32768×16384
+# 3.04 TB/s on 16 warps (8: 3.03; 32, the XLA-launched table's: 2.49 this way, 2.92 by XLA); 4096×16384 2.92
+# against 2.85; rows of 32768 held whole 2.99 at 8192×32768 and 3.03 at 16384×32768 (XLA's launch of the same
+# kernel 2.45-2.50; the bands 2.68; Mosaic GPU, ``impl=None``'s until then, 2.74-2.80); 8 warps there 2.49.
+FWD_FFI_RESIDENT = {16384: (1, 16), 32768: (1, 16)}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
@@ -148,6 +155,16 @@ def full_row(n: int) -> bool:
     return n > PADDED_FILL * next_pow2(n)
 
 
+def ffi_forward(n: int) -> bool:
+    """Whether the plain forward of rows of ``n`` columns runs held in registers and launched by jaxlib's Triton call
+    (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
+    if not (full_row(n) and next_pow2(n) in FWD_FFI_RESIDENT):
+        return False
+    from . import triton_ffi
+
+    return triton_ffi.available()
+
+
 def one_program(m: int, n: int) -> bool:
     """Whether an ``(m, n)`` backward is small enough for one program (``ONE_PROGRAM_ELEMS``)."""
     return m * n <= ONE_PROGRAM_ELEMS
@@ -191,7 +208,9 @@ class Config:
     (``bands.py``: x and dy read from memory once); ``programs`` is then the band count times the row groups
     (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
     at once to run at speed; ``carry`` (bands): the last ``lag`` blocks' tiles stay in registers until they are
-    finished instead of being loaded again (from L1 or L2: no second read, more live registers).
+    finished instead of being loaded again (from L1 or L2: no second read, more live registers); ``ffi_launch``
+    (the resident forward): compiled by the ``triton`` package and launched by jaxlib's Triton call instead of by
+    XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter).
     """
 
     block_rows: int
@@ -203,6 +222,7 @@ class Config:
     reload_weight: bool = False
     lag: int = 0
     carry: bool = False
+    ffi_launch: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -212,7 +232,7 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        for flag in ("prefetch", "reload_weight", "carry"):
+        for flag in ("prefetch", "reload_weight", "carry", "ffi_launch"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
@@ -230,6 +250,9 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
     add's forward (``FWD_ADD_RESIDENT``)."""
     n_pad = next_pow2(n)
+    if not backward and not fused and ffi_forward(n):
+        block_rows, warps = FWD_FFI_RESIDENT[n_pad]
+        return fit(Config(block_rows, n_pad, warps, ffi_launch=True), m, n, backward=False)
     banded = bands_config(m, n, backward=backward)
     if banded is not None:
         return banded
@@ -298,6 +321,9 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = 
     a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
     if config is None:
         return heuristic(m, n, backward=backward, fused=fused)
+    if config.ffi_launch and (backward or config.lag):
+        raise ValueError(f"ffi_launch is a forward option of rows without bands (lag=0), got {config} for the "
+                         f"{'backward' if backward else 'forward'}")
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
     if config.lag and chunks == 1:  # no bands: a resident row

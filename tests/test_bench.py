@@ -207,6 +207,21 @@ def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
     assert "| pallas | 4096×1024 | (2, 4) | 2.300 | (1, 1) | 2.340 | (2, 4): 2.30 / 2.31; (4, 4): 2.50 / 2.10;" in text
 
 
+def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bits():
+    """``bench.ffi_launch``: one column per (tile, launch), the default and Mosaic GPU beside them, both rounds, a
+    failed variant as "err", and whether the torch route gave JAX's bits (a "NO" is shown, not hidden)."""
+    from bench import ffi_launch
+
+    names = list(ffi_launch._variants(16384))
+    assert names[:2] == ["(1, 8) XLA", "(1, 8) jaxlib"] and names[-2:] == ["mosaic", "impl=None"]
+    assert all(kw["config"].ffi_launch == name.endswith("jaxlib") for name, kw in ffi_launch._variants(16384).items()
+               if "config" in kw)
+    rows = [dict(m=8, n=16384, variant=v, round=r, tbps=None if v == "mosaic" else 2.5 + r / 100)
+            for r in (0, 1) for v in names]
+    text = ffi_launch.markdown(dict(env=ENV, rows=rows, torch_route_bits={"8x16384": False}))
+    assert "| 8×16384 | 2.500 / 2.510 |" in text and "| err | 2.500 / 2.510 | NO |" in text
+
+
 def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch):
     """Narrow rows get candidates of up to 16384 elements (256 rows of 64), and a heuristic tile outside the
     candidates is timed beside them, so its TB/s is in the table. The broken variant (candidates alone) shows "–"."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pallas_norm as pn
-from pallas_norm import pallas_config
+from pallas_norm import pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
 from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_GPU, ON_HOPPER, check_jax, check_reduction_order, jax_inputs
@@ -57,10 +57,12 @@ def test_shapes(case):
 CHUNKED = Config(block_rows=1, block_cols=128, num_warps=1)  # 1000-wide rows in 8 column chunks
 
 
-def test_forward_heuristic_tiles_full_rows_by_the_table():
+def test_forward_heuristic_tiles_full_rows_by_the_table(monkeypatch):
     """Rows filling more than ``PADDED_FILL`` of their padded length take ``FWD_RESIDENT``'s tile at any row count
     (4096×1024 and 32768×1024 alike; tiny inputs fewer rows), the fused add's forward ``FWD_ADD_RESIDENT``'s;
-    lengths off the tables keep the ``TARGET_ELEMS`` rule."""
+    lengths off the tables keep the ``TARGET_ELEMS`` rule. (Where ``triton_ffi`` is available, rows of 16384 take
+    ``FWD_FFI_RESIDENT``'s instead: ``tests/test_triton_ffi.py``.)"""
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
     tiles = {(m, n): (c.block_rows, c.num_warps) for m, n in ((4096, 1024), (32768, 1024), (4096, 2048),
                                                              (32768, 4096), (4096, 8192), (4096, 16384), (3, 1024),
                                                              (1, 4096), (32768, 512))

@@ -101,12 +101,15 @@ class MosaicKernel:
 def _kernel(call: KernelCall, binaries: dict[str, xla_binaries.KernelBinary], device_index: int
             ) -> cuda_driver.CudaKernel | MosaicKernel:
     """XLA's binary for ``call``, checked against the launch settings in its backend config, loaded (a Mosaic
-    call: its module, compiled by Mosaic GPU's runtime)."""
+    call: its module, compiled by Mosaic GPU's runtime; a kernel JAX launches through jaxlib's Triton call: its PTX,
+    assembled by the driver)."""
     if call.mosaic:
         try:
             return MosaicKernel(call.module, call.name)
         except compat.JaxInternalsMoved as err:
             raise UnsupportedProgram(str(err)) from err
+    if call.ptx:  # launched by jaxlib's Triton call from JAX: the same PTX, assembled by the driver
+        return cuda_driver.CudaKernel(call.ptx.encode() + b"\0", call.name, device_index, call.shared_bytes)
     binary = binaries.get(call.name)
     if binary is None:
         raise UnsupportedProgram(f"XLA compiled no kernel named {call.name!r} (it has {sorted(binaries)})")
@@ -196,7 +199,7 @@ def _load(lowered, device_index: int, like: dict[int, int]) -> Launcher:
     loaded on the wrong GPU fails at launch with "invalid resource handle" (seen on rank 0 under torchrun)."""
     program = parse_program(lowered.compiler_ir("stablehlo"))
     try:
-        binaries = xla_binaries.compiled_kernels(lowered) if any(not c.mosaic for c in program.calls) else {}
+        binaries = xla_binaries.compiled_kernels(lowered) if any(c.xla_binary for c in program.calls) else {}
     except xla_binaries.CacheFormatError as err:
         raise UnsupportedProgram(str(err)) from err
     with torch.cuda.device(device_index):

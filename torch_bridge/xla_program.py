@@ -1,11 +1,12 @@
 """A lowered JAX function read as a chain of kernel launches (``Program``), for ``launch_route``.
 
 Pallas hands each Triton-lowered kernel to XLA as a ``__gpu$xla.gpu.triton`` custom call whose backend config carries
-its grid and warps, and each Mosaic GPU kernel as a ``mosaic_gpu_v2`` call carrying its MLIR module; our functions'
-modules are nothing but a chain of such calls, numbered here by which buffers each kernel reads and writes. Besides
-kernel calls a module may hold splat constants (and their broadcasts) that a kernel takes as a buffer it writes in
-place (an output aliased to that operand: the row-sum slots of ``pallas_norm.band_slots``), read as values filled
-per call. A module holding anything else raises ``UnsupportedProgram``.
+its grid and warps, and each Mosaic GPU kernel as a ``mosaic_gpu_v2`` call carrying its MLIR module; a kernel that
+``pallas_norm.triton_ffi`` launches itself is a ``triton_kernel_call_ffi`` call, read back from what that module
+compiled in this process (its PTX, grid and warps); our functions' modules are nothing but a chain of such calls,
+numbered here by which buffers each kernel reads and writes. Besides kernel calls a module may hold splat constants
+(and their broadcasts) that a kernel takes as a buffer it writes in place (an output aliased to that operand: the
+row-sum slots of ``pallas_norm.band_slots``), read as values filled per call. A module holding anything else raises ``UnsupportedProgram``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import re
 
 import torch
 
-from pallas_norm import compat
+from pallas_norm import compat, triton_ffi
 
-TRITON_TARGET = "__gpu$xla.gpu.triton"
+TRITON_TARGET = triton_ffi.XLA_TRITON_TARGET
 MOSAIC_TARGET = "mosaic_gpu_v2"
+FFI_TARGET = triton_ffi.FFI_TARGET
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32}
 _SPLAT = re.compile(r"^dense<(-?[0-9][0-9.e+-]*|true|false)> : tensor<")
 
@@ -44,10 +46,17 @@ class KernelCall:
     result_dtypes: tuple[torch.dtype, ...]
     module: bytes = b""
     aliases: tuple[tuple[int, int], ...] = ()  # (result position, operand position): the result is that buffer
+    ptx: str = ""  # a kernel launched by jaxlib's Triton call: its PTX (``pallas_norm.triton_ffi``), not XLA's binary
+    shared_bytes: int = 0  # and its dynamic shared memory
 
     @property
     def mosaic(self) -> bool:
         return bool(self.module)
+
+    @property
+    def xla_binary(self) -> bool:
+        """Whether XLA compiles this kernel (neither Mosaic GPU's runtime nor, from its PTX, the driver)."""
+        return not (self.module or self.ptx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +73,6 @@ class Program:
     @property
     def num_inputs(self) -> int:
         return len(self.input_shapes)
-
-
-def _ttir_text(ir_bytes: bytes) -> str:
-    """The kernel's Triton IR (MLIR bytecode from Pallas) as text, which Triton's parser reads."""
-    make_ir_context, ir, register_triton_dialect = compat.mlir()
-    with make_ir_context() as ctx:
-        register_triton_dialect(ctx)
-        return str(ir.Module.parse(ir_bytes))
 
 
 def parse_program(module) -> Program:
@@ -92,9 +93,9 @@ def parse_program(module) -> Program:
                 ir, op, fills, ids):
             continue
         target = ir.StringAttr(op.attributes["call_target_name"]).value if name == "stablehlo.custom_call" else ""
-        if target not in (TRITON_TARGET, MOSAIC_TARGET):
-            raise UnsupportedProgram(f"lowered module holds {name} {target}, not only {TRITON_TARGET} and "
-                                     f"{MOSAIC_TARGET} calls")
+        if target not in (TRITON_TARGET, MOSAIC_TARGET, FFI_TARGET):
+            raise UnsupportedProgram(f"lowered module holds {name} {target}, not only {TRITON_TARGET}, "
+                                     f"{MOSAIC_TARGET} and {FFI_TARGET} calls")
         aliases = _aliases(op, [ids[v] for v in op.operands], fills)
         cfg = op.attributes["mhlo.backend_config"]
         results = []
@@ -102,6 +103,17 @@ def parse_program(module) -> Program:
             ids[r] = len(ids)
             results.append(r)
         types = [ir.RankedTensorType(r.type) for r in results]
+        if target == FFI_TARGET:  # a Triton-lowered kernel launched by jaxlib's Triton call (pallas_norm.triton_ffi)
+            kernel = triton_ffi.compiled(ir.StringAttr(cfg["opaque"]).value_bytes)
+            if kernel is None:
+                raise UnsupportedProgram(f"a {FFI_TARGET} call this process did not compile")
+            calls.append(KernelCall(
+                name=kernel.name, ttir="", grid=kernel.grid, num_warps=kernel.num_warps, num_stages=0,
+                operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
+                result_shapes=tuple(tuple(t.shape) for t in types),
+                result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases,
+                ptx=kernel.ptx, shared_bytes=kernel.shared))
+            continue
         if target == MOSAIC_TARGET:
             calls.append(KernelCall(
                 name=f"mosaic_{len(calls)}", ttir="", grid=(1, 1, 1), num_warps=0, num_stages=0,
@@ -112,7 +124,7 @@ def parse_program(module) -> Program:
             continue
         calls.append(KernelCall(
             name=ir.StringAttr(cfg["name"]).value,
-            ttir=_ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
+            ttir=triton_ffi.ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
             grid=tuple(ir.IntegerAttr(cfg[k]).value for k in ("grid_x", "grid_y", "grid_z")),
             num_warps=ir.IntegerAttr(cfg["num_warps"]).value,
             num_stages=ir.IntegerAttr(cfg["num_stages"]).value,

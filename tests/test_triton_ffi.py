@@ -1,0 +1,145 @@
+"""The resident forward launched by jaxlib's Triton call (``pallas_norm.triton_ffi``, ``Config.ffi_launch``): where
+the heuristics take it, the pinned rounding that keeps its bits assembler-independent, and on a GPU its results,
+its use by ``impl=None`` and the torch launch route's bits."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import pallas_norm as pn
+from pallas_norm import auto, backend, pallas_config, triton_ffi
+from pallas_norm.pallas_config import Config
+
+from helpers import ON_GPU, ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
+
+PTX = """
+    mul.f32 %f3, %f1, %f2;
+    add.f32 %f4, %f3, %f0;
+    add.ftz.f32 %f5, %f4, %f0;
+    sub.f64 %fd2, %fd1, %fd0;
+    fma.rn.f32 %f6, %f1, %f2, %f3;
+    mul.rn.f32 %f7, %f1, %f2;
+    mul.wide.s32 %rd1, %r1, 4;
+    add.s64 %rd2, %rd1, %rd0;
+"""
+
+
+def test_pin_rounding_gives_every_float_mul_add_sub_a_rounding_mode():
+    """What the assembler could contract into an FMA gets ``.rn``; integer ops, FMAs and rounded ops are kept.
+    Broken variant: the unpinned text, which the same check finds contractible ops in."""
+    pinned = triton_ffi.pin_rounding(PTX)
+    for op in ("mul.rn.f32 %f3", "add.rn.f32 %f4", "add.rn.ftz.f32 %f5", "sub.rn.f64 %fd2", "fma.rn.f32 %f6",
+               "mul.rn.f32 %f7", "mul.wide.s32", "add.s64"):
+        assert op in pinned, op
+    assert triton_ffi._UNROUNDED.search(pinned) is None
+    assert triton_ffi._UNROUNDED.search(PTX) is not None
+
+
+def test_the_forward_s_ptx_has_nothing_left_to_contract(monkeypatch):
+    """The resident forward at 32768 columns, lowered for an (abstract) H100 and compiled by the triton package as
+    ``triton_ffi`` compiles it: its PTX has unrounded float ops (the assembler's choice), the pinned PTX none."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        lowered = launch_route._lower_forward(8, 32768, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama",
+                                              Config(1, 32768, 16))
+        call = launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0]
+    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
+        f.write(call.ttir)
+        f.flush()
+        ptx = triton.compile(f.name, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16)).asm["ptx"]
+    assert triton_ffi._UNROUNDED.search(ptx) is not None
+    pinned = triton_ffi.pin_rounding(ptx)
+    assert triton_ffi._UNROUNDED.search(pinned) is None and pinned.count(".rn.f32") > ptx.count(".rn.f32")
+
+
+def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch):
+    """Full rows of the table's padded lengths, plain forward only; without ``available()`` nothing changes (the
+    XLA-launched tile, Mosaic GPU for 32768 columns)."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    assert not pallas_config.heuristic(4096, 16384, backward=False).ffi_launch
+    assert auto.lowering(False, 32768) == "mosaic"
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    assert pallas_config.heuristic(4096, 16384, backward=False) == Config(1, 16384, 16, ffi_launch=True)
+    assert pallas_config.heuristic(8192, 32768, backward=False) == Config(1, 32768, 16, ffi_launch=True)
+    assert auto.lowering(False, 32768) == "pallas" and auto.lowering(False, 30000) == "pallas"
+    assert auto.lowering(False, 24576) == "mosaic"  # 3/4 of 32768: not a full row
+    assert auto.lowering(False, 32768, fused=True) == "mosaic"  # the fused add's forward has no such tile
+    assert not pallas_config.heuristic(8192, 24576, backward=False).ffi_launch
+    assert not pallas_config.heuristic(4096, 16384, backward=False, fused=True).ffi_launch
+    assert not pallas_config.heuristic(4096, 8192, backward=False).ffi_launch
+    assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch
+
+
+def test_ffi_launch_is_a_forward_option_and_the_interpreter_ignores_it():
+    for bad, backward in ((Config(1, 1024, 4, ffi_launch=True), True),
+                          (Config(1, 1024, 1, lag=2, ffi_launch=True), False)):
+        with pytest.raises(ValueError, match="ffi_launch"):
+            pallas_config.fit(bad, 8, 4096, backward=backward)
+    with pytest.raises(ValueError, match="ffi_launch"):
+        Config(1, 1024, 4, ffi_launch=1)
+    x, w, _ = jax_inputs((5, 384), jnp.bfloat16, seed=3)
+    ys = [pn.rms_norm(x, w, impl="interpret", config=Config(8, 512, 4, ffi_launch=f)) for f in (False, True)]
+    np.testing.assert_array_equal(bits(ys[0]), bits(ys[1]))
+
+
+def test_launch_refuses_without_the_pieces(monkeypatch):
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    with pytest.raises(RuntimeError, match="ffi_launch needs"):
+        triton_ffi.launch(None, (), ())
+
+
+gpu = pytest.mark.gpu
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="the jaxlib launch is taken on Hopper GPUs")
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("shape,dtype,casting,offset", [((300, 32768), jnp.bfloat16, "llama", 0.0),
+                                                        ((257, 30000), jnp.float16, "gemma", 1.0),
+                                                        ((129, 16384), jnp.float32, "llama", 0.0),
+                                                        ((64, 16000), jnp.bfloat16, "gemma", 1.0)], ids=str)
+def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
+    """The lowered forward holds the jaxlib call (no XLA-launched Triton kernel), and the results (the backward
+    too, which stays as it was) meet the accuracy rule."""
+    assert triton_ffi.available()
+    x, w, dy = jax_inputs(shape, dtype, offset, seed=7)
+    text = jax.jit(lambda a, b: pn.rms_norm(a, b, offset=offset, casting=casting)).lower(x, w).as_text()
+    assert triton_ffi.FFI_TARGET in text and triton_ffi.XLA_TRITON_TARGET not in text
+    check_jax(x, w, dy, impl=None, eps=1e-6, offset=offset, casting=casting)
+
+
+@gpu
+@hopper
+def test_gpu_torch_launch_route_gives_jax_bits_and_xla_s_launch_agrees():
+    """``backend="pallas"`` on CUDA tensors launches the same PTX (assembled by the driver, not by jaxlib's ptxas):
+    JAX's bits, call after call. The XLA-launched kernel of the same tile (XLA's Triton and assembler) agrees
+    within a rounding of the output."""
+    import torch_bridge
+
+    for shape in ((512, 32768), (300, 16384)):
+        x, w, _ = torch_inputs(shape, torch.bfloat16, seed=5)
+        y_jax = pn.rms_norm(jnp.asarray(x.float().cpu().numpy()).astype(jnp.bfloat16),
+                            jnp.asarray(w.float().cpu().numpy()).astype(jnp.bfloat16))
+        runs = [torch_bridge.rms_norm(x, w, backend="pallas") for _ in range(3)]
+        for y in runs:
+            np.testing.assert_array_equal(bits(y), bits(y_jax))
+        cfg = dataclasses.replace(pallas_config.heuristic(*shape, backward=False), ffi_launch=False)
+        y_xla = pn.rms_norm(jnp.asarray(x.float().cpu().numpy()).astype(jnp.bfloat16),
+                            jnp.asarray(w.float().cpu().numpy()).astype(jnp.bfloat16), impl="pallas", config=cfg)
+        diff = np.abs(np.asarray(y_xla, np.float32) - np.asarray(y_jax, np.float32))
+        assert diff.max() <= 2.0 ** -7 * np.abs(np.asarray(y_jax, np.float32)).max()
