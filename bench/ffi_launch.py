@@ -11,12 +11,10 @@ method), in two rounds in one process. Writes ``ffi_launch_<gpu>.md`` and ``.jso
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 
 import torch
 
-from bench import timing
+from bench import report, timing
 from bench.fwd_tiles import _shapes
 from pallas_norm.pallas_config import next_pow2
 
@@ -108,12 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if (code := timing.gpu_or_exit_code(parser.prog)) is not None:
         return code
     result = run(args.shapes)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"ffi_launch_{timing.gpu_slug(result['env']['gpu'])}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    print(report.save_table(result, args.out, "ffi_launch", markdown))
     return 0
 
 

@@ -14,13 +14,11 @@ h out).
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import sys
 
 import torch
 
-from bench import suite, timing
+from bench import report, suite, timing
 from pallas_norm.pallas_config import next_pow2
 
 SHAPES = tuple((m, n) for m in (4096, 32768) for n in suite.NS)
@@ -131,12 +129,7 @@ def main(argv: list[str]) -> int:
     if (code := timing.gpu_or_exit_code(parser.prog)) is not None:
         return code
     result = run(args.shapes, args.kernels)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"fwd_tiles_{timing.gpu_slug(result['env']['gpu'])}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    print(report.save_table(result, args.out, "fwd_tiles", markdown))
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import pathlib
 
 from bench.names import JAX_OURS, JAX_PEERS, OURS, TORCH_OURS, label
@@ -218,3 +219,17 @@ def write(result: dict, out_dir: pathlib.Path, stem: str) -> list[pathlib.Path]:
         paths.append(out_dir / f"{stem}.png")
         plot(result, paths[2])
     return paths
+
+
+def save_table(result: dict, out: str | pathlib.Path, prefix: str, render) -> str:
+    """A tool's run as ``<prefix>_<gpu>.json`` and ``.md`` (``render(result)``) under ``out``; returns the Markdown
+    (the tools print it)."""
+    from bench.timing import gpu_slug
+
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{prefix}_{gpu_slug(result['env']['gpu'])}"
+    text = render(result)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(text)
+    return text

@@ -207,6 +207,15 @@ def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
     assert "| pallas | 4096×1024 | (2, 4) | 2.300 | (1, 1) | 2.340 | (2, 4): 2.30 / 2.31; (4, 4): 2.50 / 2.10;" in text
 
 
+def test_save_table_writes_json_and_markdown_named_by_gpu(tmp_path):
+    from bench import report
+
+    text = report.save_table(dict(env=ENV, rows=[1]), tmp_path / "x", "tool", lambda r: f"rows {len(r['rows'])}\n")
+    stem = tmp_path / "x" / f"tool_{timing.gpu_slug(ENV['gpu'])}"
+    assert text == stem.with_suffix(".md").read_text() == "rows 1\n"
+    assert json.loads(stem.with_suffix(".json").read_text())["rows"] == [1]
+
+
 def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bits():
     """``bench.ffi_launch``: one column per (tile, launch), the default and Mosaic GPU beside them, both rounds, a
     failed variant as "err", and whether the torch route gave JAX's bits (a "NO" is shown, not hidden)."""
