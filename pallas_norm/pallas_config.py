@@ -41,9 +41,10 @@ FWD_ADD_RESIDENT = {1024: (2, 1), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16
 # The plain forward of full rows of these padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is
 # available (``Config.ffi_launch``: the driver's L1 carveout instead of XLA's most-shared-memory one): (block_rows,
 # warps). H100, bf16, kernels timed from JAX (nineteenth session, bench/results/ffi_launch_h100.md): 32768×16384
-# 3.04 TB/s on 16 warps (8: 3.03; 32, the XLA-launched table's: 2.49 this way, 2.92 by XLA); 4096×16384 2.92
-# against 2.85; rows of 32768 held whole 2.99 at 8192×32768 and 3.03 at 16384×32768 (XLA's launch of the same
-# kernel 2.45-2.50; the bands 2.68; Mosaic GPU, ``impl=None``'s until then, 2.74-2.80); 8 warps there 2.49.
+# 2.99 TB/s on 16 warps (3.04 in the suite's run; 8 warps 2.99; 32, the XLA-launched table's tile, 2.47 this way
+# against 2.92 by XLA); 4096×16384 2.89 (XLA's launch 2.82-2.83; 8 warps 2.87); rows of 32768 held whole 2.99 at
+# 8192×32768 and 3.02 at 16384×32768 (XLA's launch of the same kernel 2.45-2.48; the bands 2.68; Mosaic GPU,
+# ``impl=None``'s until then, 2.74-2.80); 8 warps there 2.48-2.51, 32 within 0.2% of 16.
 FWD_FFI_RESIDENT = {16384: (1, 16), 32768: (1, 16)}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked

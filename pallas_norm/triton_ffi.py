@@ -6,7 +6,8 @@ launches with dynamic shared memory, and our resident kernels use 32-128 bytes o
 the most shared memory, the least L1 (``bench carveout``). jaxlib's Triton call asks for that only above 48 KB, so
 the same kernel keeps the driver's carveout. H100, bf16, forward from JAX, kernels timed (nineteenth session,
 ``bench/results/ffi_launch_h100.md``): resident 8192×32768 2.45 TB/s launched by XLA, 2.99 this way (Mosaic GPU,
-``impl=None`` until now, 2.74); 32768×16384 2.92 (XLA, 32 warps) → 3.04 (16 warps); 4096×16384 2.85 → 2.92.
+``impl=None`` until now, 2.74); 32768×16384 2.92 (XLA, 32 warps) → 2.99-3.04 (16 warps); 4096×16384 2.83 →
+2.89-2.92.
 
 Bits: the PTX's floating-point ``mul``/``add``/``sub`` without a rounding modifier may be contracted into FMAs by
 whichever assembler builds the binary (jaxlib's ptxas here, the driver's JIT in the torch launch route), so
