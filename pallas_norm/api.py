@@ -141,7 +141,7 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     """One forward launch on 2-D ``x2`` by ``impl`` (the XLA path, the Pallas kernels or the Mosaic kernels)."""
     m, n = x2.shape
     if impl == "auto":
-        impl = auto.lowering(False, n, config, fused=residual is not None)
+        impl = auto.lowering(False, n, config)
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
         return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)

@@ -57,9 +57,10 @@ loses where it pads a quarter or more of the row: 32768×2304 2.48 / 2.70 agains
 the Triton lowering; Mosaic GPU keeps the rest of 1024-131072.
 
 Nineteenth session: where ``triton_ffi`` is available (the ``triton`` package beside a CUDA jaxlib, Hopper), the
-Triton lowering's forward of full rows of 32768 columns (padded length 32768, more than 3/4 filled) holds them in
-registers and is launched by jaxlib's Triton call, outside XLA's carveout (``pallas_config.FWD_FFI_RESIDENT``):
-8192×32768 2.99 TB/s against Mosaic GPU's 2.74 (``bench/results/ffi_launch_h100.md``), so that forward leaves
+Triton lowering's forward (plain and fused add) of full rows of 32768 columns (padded length 32768, more than 3/4
+filled) holds them in registers and is launched by jaxlib's Triton call, outside XLA's carveout
+(``pallas_config.FWD_FFI_RESIDENT``): 8192×32768 2.99 TB/s against Mosaic GPU's 2.74, the fused add's 3.01 against
+2.74 (``bench/results/ffi_launch_h100.md``, ``probes_h100_2026-11-26_nineteenth.md``), so that forward leaves
 Mosaic GPU.
 """
 
@@ -75,11 +76,10 @@ MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <
 MOSAIC_ALIGN = 128
 
 
-def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None, fused: bool = False) -> str:
-    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns (``fused``: the fused
-    add's forward, which has no jaxlib-launched tile). A backward of at most ``pallas_config.ONE_PROGRAM_ELEMS``
-    elements takes the Triton lowering, which runs it as one launch (one program storing dweight; Mosaic's is two:
-    its kernel and the partials' reduction): such calls are host-bound."""
+def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None) -> str:
+    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns. A backward of at
+    most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs it as one launch (one
+    program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such calls are host-bound."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
@@ -91,5 +91,5 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n))
     else:
         lo, hi = MOSAIC_FWD_COLS
-        mosaic = lo < n <= hi and (fused or not ffi_forward(n))
+        mosaic = lo < n <= hi and not ffi_forward(n)
     return "mosaic" if mosaic else "pallas"

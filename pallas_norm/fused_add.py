@@ -50,7 +50,8 @@ def rms_norm_add(
 ) -> tuple[jax.Array, jax.Array]:
     """``(y, h)``: ``h = r(x + residual)`` in ``residual_dtype`` (default ``x.dtype``; float32 for an fp32 residual
     stream), added in float32 and rounded once; ``y = rms_norm(h, weight, eps=eps, offset=offset,
-    casting=casting)``, bit for bit, in ``h``'s dtype.
+    casting=casting)``, bit for bit (but rows of 16384 columns without the triton package: docs/jax.md), in ``h``'s
+    dtype.
 
     Backward (custom VJP): with ``dy`` the cotangent of ``y`` and ``dh_out`` that of ``h``,
     ``dh = r(dx_norm + dh_out)`` (one rounding of the float32 sum, where unfused autodiff rounds twice);

@@ -36,15 +36,23 @@ FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
 # (the plain forward's), 4096×1024 (2, 4) 2.47 → 2.66 TB/s (its bytes, 4·M·N·2), 32768×1024 (8, 8) 2.89 → 2.94,
 # 4096×2048 2.72 → 2.76, 32768×2048 2.95 → 2.99, 4096×4096 (2, 8) 2.81 → 2.87, 32768×4096 2.94 → 2.99, 4096×8192
 # (1, 8) 2.91 → 2.93, 32768×8192 2.99 → 3.01, 4096×16384 (1, 16) 2.69 → 2.92, 32768×16384 2.80 → 2.97; the plain
-# forward's new tiles would have cost it up to 8% (32 warps at 16384 columns).
-FWD_ADD_RESIDENT = {1024: (2, 1), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 8)}
-# The plain forward of full rows of these padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is
-# available (``Config.ffi_launch``: the driver's L1 carveout instead of XLA's most-shared-memory one): (block_rows,
-# warps). H100, bf16, kernels timed from JAX (nineteenth session, bench/results/ffi_launch_h100.md): 32768×16384
-# 2.99 TB/s on 16 warps (3.04 in the suite's run; 8 warps 2.99; 32, the XLA-launched table's tile, 2.47 this way
-# against 2.92 by XLA); 4096×16384 2.89 (XLA's launch 2.82-2.83; 8 warps 2.87); rows of 32768 held whole 2.99 at
-# 8192×32768 and 3.02 at 16384×32768 (XLA's launch of the same kernel 2.45-2.48; the bands 2.68; Mosaic GPU,
-# ``impl=None``'s until then, 2.74-2.80); 8 warps there 2.48-2.51, 32 within 0.2% of 16.
+# forward's new tiles would have cost it up to 8% (32 warps at 16384 columns). Nineteenth session: the fused add's
+# y must be rms_norm(h)'s bits, and a row's sum is reduced in an order set by the warps (not the rows per program;
+# H100, 8192 rows, probes_h100_2026-11-26_nineteenth.md): at 1024 and 8192 columns the fused forward now runs the
+# plain forward's warps, its fastest such tile of the same run: 1024 (2, 1) → (4, 4), 4096×1024 2.66 → 2.66,
+# 32768×1024 2.94 → 2.91; 8192 (1, 16) → (1, 8), 4096×8192 2.93 → 2.91, 32768×8192 3.01 → 2.99. At 16384 both
+# forwards share FWD_FFI_RESIDENT's tile where jaxlib launches them; where it does not (no triton package), the
+# fused forward keeps 8 warps against the plain's 32 (the plain's tile would cost it 8%, the reverse the plain 3%),
+# and its y agrees with rms_norm(h) to the accuracy rule only (docs/jax.md says so).
+FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 16384: (1, 8)}
+# The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of full rows of these
+# padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is available (``Config.ffi_launch``: the
+# driver's L1 carveout, not XLA's most-shared-memory one): (block_rows, warps). H100, bf16, kernels timed from JAX
+# (nineteenth session, bench/results/ffi_launch_h100.md): 32768×16384 2.99 TB/s on 16 warps (3.04 in the suite's
+# run; 8 warps 2.99; 32, the XLA-launched tile, 2.47 this way against 2.92 by XLA); 4096×16384 2.89 (XLA's launch
+# 2.82-2.83); rows of 32768 held whole 2.99 at 8192×32768, 3.02 at 16384×32768 (XLA's launch of the same kernel
+# 2.45-2.48, the bands 2.68, Mosaic GPU 2.74-2.80; 8 warps 2.48-2.51). The fused add's forward (4·M·N·2 bytes;
+# probes_h100_2026-11-26_nineteenth.md): 4096×16384 2.93 → 2.97, 32768×16384 2.97 → 3.00, 8192×32768 2.74 → 3.01.
 FWD_FFI_RESIDENT = {16384: (1, 16), 32768: (1, 16)}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
@@ -157,8 +165,8 @@ def full_row(n: int) -> bool:
 
 
 def ffi_forward(n: int) -> bool:
-    """Whether the plain forward of rows of ``n`` columns runs held in registers and launched by jaxlib's Triton call
-    (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
+    """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
+    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
     if not (full_row(n) and next_pow2(n) in FWD_FFI_RESIDENT):
         return False
     from . import triton_ffi
@@ -251,7 +259,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
     add's forward (``FWD_ADD_RESIDENT``)."""
     n_pad = next_pow2(n)
-    if not backward and not fused and ffi_forward(n):
+    if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True), m, n, backward=False)
     banded = bands_config(m, n, backward=backward)
@@ -264,7 +272,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
     rows = next_pow2(max(m, 1))
     if not backward:
         padded = not full_row(n)
-        table = FWD_ADD_RESIDENT if fused else FWD_RESIDENT
+        table = {**FWD_RESIDENT, **FWD_ADD_RESIDENT} if fused else FWD_RESIDENT  # per-head widths: the plain's
         if not padded and n_pad in table:
             block_rows, warps = table[n_pad]
         else:
