@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import auto, backend, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import ON_GPU, ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
+from helpers import ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
 
 PTX = """
     mul.f32 %f3, %f1, %f2;
