@@ -37,13 +37,6 @@ from bench import report, timing
 COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "render", "summary")
 
 
-def _shapes(text: str) -> list[tuple[int, int]]:
-    try:
-        return [tuple(int(v) for v in s.split("x", 1)) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes must be comma-separated MxN, got {text!r}") from None
-
-
 def suite_stem(env: dict) -> str:
     return f"bench_{timing.gpu_slug(env['gpu'])}_{env['dtype']}_{env['casting']}"
 
@@ -90,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
         s.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
         s.add_argument("--quick", action="store_true", help="a few shapes (and configs) instead of the full grid")
-        s.add_argument("--shapes", type=_shapes, default=None, help="comma-separated MxN (overrides --quick)")
+        s.add_argument("--shapes", type=timing.parse_shapes, default=None,
+                       help="comma-separated MxN (overrides --quick)")
         s.add_argument("--out", default="bench/results")
         if name == "sweep":
             s.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=None,

@@ -15,7 +15,6 @@ import argparse
 import torch
 
 from bench import report, timing
-from bench.fwd_tiles import _shapes
 from pallas_norm.pallas_config import next_pow2
 
 SHAPES = ((4096, 16384), (32768, 16384), (8192, 32768), (16384, 32768))
@@ -100,7 +99,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ffi_launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("shapes", nargs="?", type=_shapes, default=SHAPES, help="comma-separated MxN")
+    parser.add_argument("shapes", nargs="?", type=timing.parse_shapes, default=SHAPES, help="comma-separated MxN")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     if (code := timing.gpu_or_exit_code(parser.prog)) is not None:

@@ -120,7 +120,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fwd_tiles", description=__doc__.split("\n\n")[0])
-    parser.add_argument("shapes", nargs="?", type=_shapes, default=SHAPES, help="comma-separated MxN")
+    parser.add_argument("shapes", nargs="?", type=timing.parse_shapes, default=SHAPES, help="comma-separated MxN")
     parser.add_argument("--kernels", type=lambda t: tuple(t.split(",")), default=KERNELS, help=", ".join(KERNELS))
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
@@ -131,13 +131,6 @@ def main(argv: list[str]) -> int:
     result = run(args.shapes, args.kernels)
     print(report.save_table(result, args.out, "fwd_tiles", markdown))
     return 0
-
-
-def _shapes(text: str) -> list[tuple[int, int]]:
-    try:
-        return [tuple(int(v) for v in s.split("x", 1)) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shapes must be comma-separated MxN, got {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -62,6 +62,16 @@ def rotations(nbytes: int) -> int:
     return max(1, min(8, (256 << 20) // nbytes))
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"MxN,MxN,..."`` as ``[(M, N), ...]`` (the bench CLIs' ``--shapes`` and positional shapes)."""
+    import argparse
+
+    try:
+        return [tuple(int(v) for v in s.split("x", 1)) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shapes must be comma-separated MxN, got {text!r}") from None
+
+
 def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
     ``iters`` calls, after a warm-up call; ``sync(output)`` waits for them (``sync_any`` for torch and JAX alike).

@@ -110,13 +110,20 @@ def mosaic_interpret(interpret: bool):
     return mosaic().InterpretGPUParams() if interpret else None
 
 
-def mosaic_capable() -> bool:
-    """Whether JAX's default device can run Mosaic GPU kernels (an NVIDIA GPU of compute capability >= 9.0)."""
+def compute_capability() -> int:
+    """JAX's default device's compute capability as ``10·major + minor`` (90 for an H100); 0 off a GPU or where the
+    device reports none (e.g. ROCm)."""
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)
     if device.platform != "gpu" or not cc:
-        return False
+        return 0
     try:
-        return int(str(cc).split(".")[0]) >= 9
+        major, _, minor = str(cc).partition(".")
+        return int(major) * 10 + int(minor or 0)
     except ValueError:
-        return False
+        return 0
+
+
+def mosaic_capable() -> bool:
+    """Whether JAX's default device can run Mosaic GPU kernels (an NVIDIA GPU of compute capability >= 9.0)."""
+    return compute_capability() >= 90

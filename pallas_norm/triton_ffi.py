@@ -28,7 +28,7 @@ import zlib
 
 import jax
 
-from . import compat
+from . import backend, compat
 
 ENV = "PALLAS_NORM_TRITON_FFI"
 FFI_TARGET = "triton_kernel_call_ffi"
@@ -53,16 +53,10 @@ class Compiled:
 _BY_OPAQUE: dict[bytes, Compiled] = {}
 
 
-def _compute_capability() -> int:
-    device = jax.devices()[0]
-    cc = str(getattr(device, "compute_capability", "") or "0.0").split(".")
-    return int(cc[0]) * 10 + int(cc[1] if len(cc) > 1 else 0)
-
-
 @functools.cache
 def available() -> bool:
     """Whether kernels can be launched this way here (see the module docstring)."""
-    if os.environ.get(ENV, "1") == "0" or jax.default_backend() != "gpu" or _compute_capability() < MIN_CC:
+    if os.environ.get(ENV, "1") == "0" or not backend.on_gpu() or backend.compute_capability() < MIN_CC:
         return False
     try:
         import triton  # noqa: F401
@@ -87,18 +81,25 @@ def ttir_text(ir_bytes: bytes) -> str:
         return str(ir.Module.parse(ir_bytes))
 
 
+def triton_call_settings(op) -> tuple[str, str, tuple[int, int, int], int, int]:
+    """``(name, ttir, grid, num_warps, num_stages)`` of a ``__gpu$xla.gpu.triton`` custom call (its backend config;
+    the torch launch route reads its programs' calls with it too)."""
+    ir = compat.mlir()[1]
+    cfg = op.attributes["mhlo.backend_config"]
+    value = lambda key: ir.IntegerAttr(cfg[key]).value  # noqa: E731
+    return (ir.StringAttr(cfg["name"]).value, ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
+            (value("grid_x"), value("grid_y"), value("grid_z")), value("num_warps"), value("num_stages"))
+
+
 def _kernel_of(module) -> tuple[str, str, tuple[int, int, int], int, int]:
-    """``(name, ttir, grid, num_warps, num_stages)`` of the one Triton custom call of a lowered ``pallas_call``."""
+    """``triton_call_settings`` of the one Triton custom call of a lowered ``pallas_call``."""
     ir = compat.mlir()[1]
     main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
     calls = [op for op in main.regions[0].blocks[0].operations if op.operation.name == "stablehlo.custom_call"
              and ir.StringAttr(op.attributes["call_target_name"]).value == XLA_TRITON_TARGET]
     if len(calls) != 1:
         raise ValueError(f"expected one {XLA_TRITON_TARGET} call in the lowered pallas_call, found {len(calls)}")
-    cfg = calls[0].attributes["mhlo.backend_config"]
-    value = lambda key: ir.IntegerAttr(cfg[key]).value  # noqa: E731
-    return (ir.StringAttr(cfg["name"]).value, ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
-            (value("grid_x"), value("grid_y"), value("grid_z")), value("num_warps"), value("num_stages"))
+    return triton_call_settings(calls[0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,5 +140,5 @@ def launch(pallas_fn, args, out_shape):
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
     module = jax.jit(pallas_fn).trace(*specs).lower().compiler_ir("stablehlo")
     out = jax.tree.leaves(out_shape)
-    kernel = _compile(*_kernel_of(module), _compute_capability(), len(args) + len(out))
+    kernel = _compile(*_kernel_of(module), backend.compute_capability(), len(args) + len(out))
     return jax.ffi.ffi_call(FFI_TARGET, tuple(out))(*args, opaque=kernel.opaque)

@@ -161,3 +161,17 @@ def test_gpu_fused_add_y_is_rms_norm_of_h_bit_for_bit(n):
     if n in broken:
         y_broken, h = pn.rms_norm_add(x, r, w, impl="pallas", config=broken[n])
         assert not np.array_equal(bits(y_broken), bits(pn.rms_norm(h, w)))
+
+
+def test_compute_capability_reads_the_default_device(monkeypatch):
+    """``backend.compute_capability`` (which ``mosaic_capable`` and ``triton_ffi.available`` ask): 10·major + minor on
+    a GPU, 0 off one or where the device reports none."""
+    class Device:
+        def __init__(self, platform, cc):
+            self.platform, self.compute_capability = platform, cc
+
+    for platform, cc, want in (("gpu", "9.0", 90), ("gpu", "8.6", 86), ("gpu", "10.0", 100), ("gpu", "", 0),
+                               ("gpu", "gfx90a", 0), ("cpu", "9.0", 0)):
+        monkeypatch.setattr(backend.jax, "devices", lambda d=Device(platform, cc): [d])
+        assert backend.compute_capability() == want, (platform, cc)
+        assert backend.mosaic_capable() == (want >= 90)

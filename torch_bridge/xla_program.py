@@ -103,36 +103,22 @@ def parse_program(module) -> Program:
             ids[r] = len(ids)
             results.append(r)
         types = [ir.RankedTensorType(r.type) for r in results]
+        buffers = dict(operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
+                       result_shapes=tuple(tuple(t.shape) for t in types),
+                       result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases)
         if target == FFI_TARGET:  # a Triton-lowered kernel launched by jaxlib's Triton call (pallas_norm.triton_ffi)
             kernel = triton_ffi.compiled(ir.StringAttr(cfg["opaque"]).value_bytes)
             if kernel is None:
                 raise UnsupportedProgram(f"a {FFI_TARGET} call this process did not compile")
-            calls.append(KernelCall(
-                name=kernel.name, ttir="", grid=kernel.grid, num_warps=kernel.num_warps, num_stages=0,
-                operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
-                result_shapes=tuple(tuple(t.shape) for t in types),
-                result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases,
-                ptx=kernel.ptx, shared_bytes=kernel.shared))
-            continue
-        if target == MOSAIC_TARGET:
-            calls.append(KernelCall(
-                name=f"mosaic_{len(calls)}", ttir="", grid=(1, 1, 1), num_warps=0, num_stages=0,
-                operands=tuple(ids[v] for v in op.operands), results=tuple(ids[r] for r in results),
-                result_shapes=tuple(tuple(t.shape) for t in types),
-                result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types),
-                module=ir.StringAttr(cfg["module"]).value_bytes, aliases=aliases))
-            continue
-        calls.append(KernelCall(
-            name=ir.StringAttr(cfg["name"]).value,
-            ttir=triton_ffi.ttir_text(ir.StringAttr(cfg["ir"]).value_bytes),
-            grid=tuple(ir.IntegerAttr(cfg[k]).value for k in ("grid_x", "grid_y", "grid_z")),
-            num_warps=ir.IntegerAttr(cfg["num_warps"]).value,
-            num_stages=ir.IntegerAttr(cfg["num_stages"]).value,
-            operands=tuple(ids[v] for v in op.operands),
-            results=tuple(ids[r] for r in results),
-            result_shapes=tuple(tuple(t.shape) for t in types),
-            result_dtypes=tuple(_TORCH_DTYPES[str(t.element_type)] for t in types), aliases=aliases,
-        ))
+            calls.append(KernelCall(name=kernel.name, ttir="", grid=kernel.grid, num_warps=kernel.num_warps,
+                                    num_stages=0, ptx=kernel.ptx, shared_bytes=kernel.shared, **buffers))
+        elif target == MOSAIC_TARGET:
+            calls.append(KernelCall(name=f"mosaic_{len(calls)}", ttir="", grid=(1, 1, 1), num_warps=0, num_stages=0,
+                                    module=ir.StringAttr(cfg["module"]).value_bytes, **buffers))
+        else:
+            kernel_name, ttir, grid, warps, stages = triton_ffi.triton_call_settings(op)
+            calls.append(KernelCall(name=kernel_name, ttir=ttir, grid=grid, num_warps=warps, num_stages=stages,
+                                    **buffers))
     arg_types = [ir.RankedTensorType(a.type) for a in block.arguments]
     used = {v for c in calls for v in c.operands} | set(outputs)
     return Program(tuple(calls), outputs, tuple(tuple(t.shape) for t in arg_types),
