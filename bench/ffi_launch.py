@@ -17,7 +17,7 @@ import torch
 from bench import report, timing
 from pallas_norm.pallas_config import next_pow2
 
-SHAPES = ((4096, 16384), (32768, 16384), (8192, 32768), (16384, 32768))
+SHAPES = ((4096, 8192), (32768, 8192), (4096, 16384), (32768, 16384), (8192, 32768), (16384, 32768))
 TILES = ((1, 8), (1, 16), (1, 32))
 
 

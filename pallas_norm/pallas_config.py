@@ -40,20 +40,20 @@ FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
 # y must be rms_norm(h)'s bits, and a row's sum is reduced in an order set by the warps (not the rows per program;
 # H100, 8192 rows, probes_h100_2026-11-26_nineteenth.md): at 1024 and 8192 columns the fused forward now runs the
 # plain forward's warps, its fastest such tile of the same run: 1024 (2, 1) → (4, 4), 4096×1024 2.66 → 2.66,
-# 32768×1024 2.94 → 2.91; 8192 (1, 16) → (1, 8), 4096×8192 2.93 → 2.91, 32768×8192 3.01 → 2.99. At 16384 both
-# forwards share FWD_FFI_RESIDENT's tile where jaxlib launches them; where it does not (no triton package), the
+# 32768×1024 2.94 → 2.91; 8192 (1, 16) → (1, 8), 4096×8192 2.93 → 2.91, 32768×8192 3.01 → 2.99. At 8192 and 16384
+# both forwards share FWD_FFI_RESIDENT's tile where jaxlib launches them; where it does not (no triton package), the
 # fused forward keeps 8 warps against the plain's 32 (the plain's tile would cost it 8%, the reverse the plain 3%),
 # and its y agrees with rms_norm(h) to the accuracy rule only (docs/jax.md says so).
 FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 16384: (1, 8)}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of full rows of these
 # padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is available (``Config.ffi_launch``: the
 # driver's L1 carveout, not XLA's most-shared-memory one): (block_rows, warps). H100, bf16, kernels timed from JAX
-# (nineteenth session, bench/results/ffi_launch_h100.md): 32768×16384 2.99 TB/s on 16 warps (3.04 in the suite's
-# run; 8 warps 2.99; 32, the XLA-launched tile, 2.47 this way against 2.92 by XLA); 4096×16384 2.89 (XLA's launch
-# 2.82-2.83); rows of 32768 held whole 2.99 at 8192×32768, 3.02 at 16384×32768 (XLA's launch of the same kernel
-# 2.45-2.48, the bands 2.68, Mosaic GPU 2.74-2.80; 8 warps 2.48-2.51). The fused add's forward (4·M·N·2 bytes;
-# probes_h100_2026-11-26_nineteenth.md): 4096×16384 2.93 → 2.97, 32768×16384 2.97 → 3.00, 8192×32768 2.74 → 3.01.
-FWD_FFI_RESIDENT = {16384: (1, 16), 32768: (1, 16)}
+# (bench/results/ffi_launch_h100.md): 32768×16384 2.99 TB/s on 16 warps (32, XLA's tile, 2.47 this way, 2.92 by
+# XLA); 4096×16384 2.89 (XLA 2.82); rows of 32768 held whole 2.99 at 8192×32768 (XLA's launch 2.45, the bands 2.68,
+# Mosaic GPU 2.74); 32768×8192 3.02 (XLA, 8 warps, 2.97), 4096×8192 2.84 (2.81); shorter rows lose 1-10% this way
+# (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
+# probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
+FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
