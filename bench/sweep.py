@@ -120,12 +120,17 @@ def band_configs(base: pallas_config.Config, n: int, backward: bool, quick: bool
 
 def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
                    quick: bool) -> list[mosaic_config.MosaicConfig | None]:
-    """The heuristic's config (None) and alternatives around it: stages × co-resident CTAs (and rows per block
-    around the heuristic's) for rows one CTA holds; cluster size × co-resident CTAs × stages for long rows; the
+    """The heuristic's config (None) and alternatives around it: the direct forward's rows per CTA, and the staged
+    forward (stages × co-resident CTAs) beside it; stages × co-resident CTAs (and rows per block around the
+    heuristic's) for the backward of rows one CTA holds; cluster size × co-resident CTAs × stages for long rows; the
     heuristic's with the row held in registers and without. Configs that ``fit`` shrinks to the same plan are timed
     once."""
     base = mosaic_config.heuristic(m, n, backward=backward)
-    if base.cluster is None:  # rows one CTA holds
+    if base.direct:
+        grid = [dict(block_rows=r) for r in (2, 4)] + [
+            dict(direct=False, stages=s, programs_per_sm=p, block_rows=max(1, 2048 // pallas_config.next_pow2(n)))
+            for s, p in itertools.product((2, 3), (1, 2, 4) if not quick else (2,))]
+    elif base.cluster is None:  # rows one CTA holds
         grid = [dict(stages=s, programs_per_sm=p) for s, p in itertools.product(
             (2, 3) if quick else (2, 3, 4), (2, 4) if quick else (1, 2, 3, 4, 6, 8))]
         grid += [] if quick else [dict(block_rows=r, programs_per_sm=p) for r, p in itertools.product(

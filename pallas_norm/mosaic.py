@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from . import backend, mosaic_config
 from .mosaic_config import MosaicConfig, Plan
-from .mosaic_kernels import _bwd_kernel, _dweight_reduce_kernel, _fwd_kernel
+from .mosaic_kernels import _bwd_kernel, _dweight_reduce_kernel, _fwd_direct_kernel, _fwd_kernel
 
 F32 = jnp.float32
 
@@ -45,6 +45,8 @@ def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, lo
     plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
                              weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
                              widest=max(_itemsize(*row_dtypes)), backward=backward, interpret=interpret)
+    if plan.direct:  # nothing staged
+        return plan, ()
     staged_weight = weight_dtype is not None and plan.weight_in_smem
     copies = loaded * (1 if plan.cluster == 1 else plan.block_rows)  # a copy per buffer, or per row's share
     clustered = plan.cluster > 1
@@ -72,8 +74,9 @@ def forward_kernel(m: int, n: int, x_dtype, weight_dtype, *, eps: float, offset:
     has_weight = weight_dtype is not None
     out_rows = jax.ShapeDtypeStruct((m, plan.n_pad), hdt)
     out_type = (out_rows, *((out_rows,) if fused else ()), jax.ShapeDtypeStruct((m,), F32))
-    body = functools.partial(_fwd_kernel, plan=plan, eps=eps, offset=offset, casting=casting,
-                             has_weight=has_weight, fused=fused, split_h=split_h, split_y=split_y)
+    split = {} if plan.direct else dict(split_h=split_h, split_y=split_y)
+    body = functools.partial(_fwd_direct_kernel if plan.direct else _fwd_kernel, plan=plan, eps=eps, offset=offset,
+                             casting=casting, has_weight=has_weight, fused=fused, **split)
     name = "mosaic_norm_add_fwd" if fused else "mosaic_norm_fwd"
     return _kernel(body, plan, out_type, scratch, name, interpret), plan
 

@@ -3,7 +3,8 @@ a shape (shared memory, cluster, persistent grid) and the heuristic that picks o
 
 The Mosaic kernels stage whole rows in shared memory (TMA bulk copies), so ``x`` is read from memory once per
 pass however long the row: a row longer than one SM's shared memory is split over a cluster of ``cluster`` CTAs
-(each holds ``N / cluster`` columns; the sum of squares is exchanged through distributed shared memory).
+(each holds ``N / cluster`` columns; the sum of squares is exchanged through distributed shared memory). The
+forward of rows one CTA holds in registers stages nothing (``direct``, ``DIRECT_MAX_N``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class MosaicConfig:
     grid is ``programs_per_sm × SMs / cluster`` clusters, each taking a contiguous range of row blocks);
     ``weight_in_smem``: the weight (slice) is staged in shared memory once per CTA, else read from global memory
     (L2) per row; ``hold``: a row's share stays in registers (float32) from the kernel's first walk of it (the
-    reduction) to its second (the outputs) instead of being read again from shared memory (None: ``holds``).
+    reduction) to its second (the outputs) instead of being read again from shared memory (None: ``holds``);
+    ``direct`` (the forward of rows one CTA holds): no staging, a CTA per block of ``block_rows`` rows loads them
+    from global memory straight into registers and stores its outputs straight back (None: ``directs``).
     """
 
     block_rows: int = 1
@@ -48,6 +51,7 @@ class MosaicConfig:
     programs_per_sm: int = 1
     weight_in_smem: bool = True
     hold: bool | None = None
+    direct: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_rows", "stages", "programs_per_sm"):
@@ -58,8 +62,9 @@ class MosaicConfig:
             raise ValueError(f"cluster must be None or one of {CLUSTERS}, got {self.cluster!r}")
         if not isinstance(self.weight_in_smem, bool):
             raise ValueError(f"weight_in_smem must be a bool, got {self.weight_in_smem!r}")
-        if self.hold is not None and not isinstance(self.hold, bool):
-            raise ValueError(f"hold must be None or a bool, got {self.hold!r}")
+        for name in ("hold", "direct"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be None or a bool, got {getattr(self, name)!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +72,9 @@ class Plan:
     """A config fitted to one ``(m, n)`` launch: the padded row ``n_pad``, each CTA's columns ``width``, the grid
     of ``programs`` clusters of ``cluster`` CTAs, ``per`` row blocks per cluster, ``vec`` elements per thread
     access (16 bytes of the widest staged dtype); the backward's ``dw_spill`` last columns of ``width`` keep their
-    float32 ``dweight`` partial in shared memory (the first ``width - dw_spill`` in registers); ``hold`` as in
-    ``MosaicConfig``, resolved."""
+    float32 ``dweight`` partial in shared memory (the first ``width - dw_spill`` in registers); ``hold`` and
+    ``direct`` as in ``MosaicConfig``, resolved (a direct plan: ``programs`` CTAs of ``block_rows`` rows each,
+    ``per`` 1, nothing staged)."""
 
     m: int
     n: int
@@ -83,6 +89,7 @@ class Plan:
     weight_in_smem: bool
     dw_spill: int = 0
     hold: bool = False
+    direct: bool = False
 
     def chunks(self) -> list[tuple[int, int]]:
         """``(offset, size)`` of the register chunks walking a CTA's ``width`` columns: chunks of
@@ -124,6 +131,13 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     CTA per row) and has no register file (a partial that does not fit shared memory stays "in registers")."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
+    if directs(config, backward, n):
+        n_pad = cdiv(n, ALIGN) * ALIGN
+        return Plan(m, n, n_pad, n_pad, 1, config.block_rows, 1, cdiv(max(m, 1), config.block_rows), 1, vec, False,
+                    direct=True)
+    if config.direct:
+        raise ValueError(f"direct is a forward option of rows one CTA holds (at most {DIRECT_MAX_N} columns, no "
+                         f"cluster), got {config} for a {'backward' if backward else 'forward'} of {n} columns")
     clusters = (1,) if interpret else (config.cluster,) if config.cluster else CLUSTERS
     for spill_ok in ((False, True) if backward else (True,)):
         for cluster in clusters:
@@ -183,6 +197,25 @@ def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
     return backward and not spill
 
 
+# The forward of rows one CTA holds (up to this many padded columns) reads them from global memory straight into
+# registers instead of staging them through shared memory (``direct``): the staged forward's one warpgroup per CTA
+# and at most 4 CTAs per SM left its shared-memory loads exposed (ncu, 32768×4096: 15.5 warps per SM, half the stalls
+# on shared-memory loads), where direct CTAs need no shared memory but the reduction's and fill the SM. The same
+# chunks, hence the same bits. H100, bf16, kernels timed from JAX, staged → direct (twentieth session,
+# probes_h100_2026-11-26_twentieth.md): 4096×1024 1.83 → 2.34 TB/s, 4096×4096 2.48 → 2.66, 4096×16384 2.66 → 2.89,
+# 32768×1024 2.61 → 2.90, 32768×4096 2.68 → 2.98, 32768×8192 2.69 → 3.02, 32768×16384 2.80 → 3.03 (the Triton
+# lowering's 2.35, 2.74, 2.92, 2.90, 3.00, 3.02, 3.03 in the same run); the fused add's forward alike.
+DIRECT_MAX_N = 16384
+
+
+def directs(config: MosaicConfig, backward: bool, n: int) -> bool:
+    """Whether ``config``'s forward of rows of ``n`` columns runs direct: unless ``config.direct`` is False, for
+    rows of at most ``DIRECT_MAX_N`` padded columns without a cluster; never the backward (it keeps a ``dweight``
+    partial per persistent CTA)."""
+    n_pad = cdiv(max(n, 1), ALIGN) * ALIGN
+    return not (backward or config.cluster not in (None, 1) or n_pad > DIRECT_MAX_N or config.direct is False)
+
+
 def holds_dy(plan: Plan) -> bool:
     """Whether a holding backward keeps ``dy`` in registers too (else it keeps ``x`` and ``g`` and reads ``dy`` again
     from shared memory for the ``dweight`` terms): only for shares narrower than ``DW_REGS · THREADS`` columns. At
@@ -230,17 +263,16 @@ SMALL_BLOCK_STAGES = (2560, 32)
 def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
     """The default config for ``(m, n)``, from the committed sweep (``python -m bench sweep --kernels mosaic``).
 
-    Rows one CTA holds (``n_pad`` ≤ 16384): 3 stages; the forward with blocks of ``max(1, 2048 / n_pad)`` rows and
-    4 / 2 / 1 co-resident CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384 (more warpgroups in flight: 32768×2304 2.65
-    TB/s against 2.21 with two); the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to
-    8192 columns, and a fourth stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``). Longer rows:
-    ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA per SM.
+    Rows one CTA holds (``n_pad`` ≤ 16384): the forward direct, a CTA per row (until the twentieth session staged:
+    blocks of ``max(1, 2048 / n_pad)`` rows, 3 stages, 4 / 2 / 1 CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384);
+    the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to 8192 columns, and a fourth
+    stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``). Longer rows: ``LONG_ROWS``, else the
+    largest cluster, 2 stages, one CTA per SM.
     """
     n_pad = next_pow2(n)
     if n_pad <= 16384:
         if not backward:
-            return MosaicConfig(block_rows=max(1, 2048 // n_pad), stages=3,
-                                programs_per_sm=4 if n_pad <= 4096 else 2 if n_pad <= 8192 else 1)
+            return MosaicConfig(block_rows=1, direct=True)
         rows, per_sm = max(1, 4096 // n_pad), 2 if n_pad <= 8192 else 1
         few = cdiv(max(m, 1), rows) <= SMALL_BLOCK_STAGES[1] * per_sm * backend.num_sms()
         stages = 4 if n > 1024 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3

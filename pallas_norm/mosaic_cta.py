@@ -152,8 +152,12 @@ def weight_chunk(w_g, w_s, col0, off, size, offset, casting, dt):
         return None
     pl, plgpu = pallas(), backend.mosaic()
     src = w_s.at[pl.ds(off, size)] if w_s is not None else w_g.at[pl.ds(col0 + off, size)]
-    w32 = plgpu.load(src, layout=layout(size)).astype(F32)
-    return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))
+    return effective_weight(plgpu.load(src, layout=layout(size)), offset, casting, dt)
+
+
+def effective_weight(w, offset, casting, dt):
+    """``w_eff`` (float32) of a weight chunk loaded as stored."""
+    return rowmath.effective_weight(w.astype(F32), F32(offset), casting, rounder(dt))
 
 
 class Cta:
@@ -177,6 +181,13 @@ class Cta:
             plgpu.copy_gmem_to_smem(w_g.at[pl.ds(self.col0, plan.width)], self.w_s, wbar,
                                     oob_mode=plgpu.OOBFillMode.UNDEFINED)
             plgpu.barrier_wait(wbar)
+
+
+def gmem_chunk(ref, row, off: int, size: int):
+    """Chunk ``[off, off + size)`` of row ``row`` of a 2-D global-memory ref, loaded into registers in the chunk
+    layout, widened to float32 (the direct forward's loads)."""
+    pl, plgpu = pallas(), backend.mosaic()
+    return plgpu.load(ref.at[row, pl.ds(off, size)], layout=layout(size)).astype(F32)
 
 
 def load_chunk(ref, s, r, off: int, size: int):

@@ -9,6 +9,8 @@ exchanged through distributed shared memory (the same fixed order in every CTA, 
 Row math comes from ``rowmath``; rows are walked in chunks of ``128·vec`` elements (``WG_STRIDED`` layout: every
 thread owns ``vec`` consecutive elements, 16 bytes of the widest dtype), and with ``plan.hold`` the first walk's
 chunks stay in registers for the second (the backward's ``dy`` only in shares under 8192 columns: ``holds_dy``).
+The forward of rows of at most ``mosaic_config.DIRECT_MAX_N`` columns (``plan.direct``) stages nothing: each CTA
+loads its rows from global memory straight into registers, in the same chunks (the same bits), and stores back.
 The backward keeps each CTA's float32 ``dweight`` partial (its columns' share of every row it walks) in
 registers, and the columns beyond ``DW_REGS`` per thread in shared memory (``plan.dw_spill``: rows of 262144
 columns, 16384 per CTA); a second kernel sums the partials in a fixed order (deterministic).
@@ -21,7 +23,8 @@ from jax import lax
 
 from . import backend, rowmath
 from .mosaic_config import Plan, holds_dy
-from .mosaic_cta import Cta, cluster_sum, layout, load_chunk, pallas, scalar_sum, weight_chunk
+from .mosaic_cta import (Cta, cluster_sum, effective_weight, gmem_chunk, layout, load_chunk, pallas, scalar_sum,
+                         weight_chunk)
 from .rounding import rounder
 
 F32 = jnp.float32
@@ -40,6 +43,14 @@ def _cluster_exit(plan: Plan, cta: "Cta") -> None:
     plgpu.barrier_wait(cta.cbar.at[parity])
 
 
+def _fwd_refs(it, fused: bool, has_weight: bool) -> tuple:
+    """A forward kernel's global refs from ``it``: ``x, residual, weight, y, h, rstd`` (None where absent)."""
+    x_g = next(it)
+    res_g = next(it) if fused else None
+    w_g = next(it) if has_weight else None
+    return x_g, res_g, w_g, next(it), (next(it) if fused else None), next(it)
+
+
 def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, split_h, split_y):
     """Forward: ``y`` (and the fused add's ``h``) and ``rstd``. Refs: ``x, [residual], [weight]``, outputs
     ``y, [h], rstd (m,)``, scratch ``x_s, [res_s], [h_s], [y_s], [w_s], [part_s], bars, [wbar], [cbar]``. ``h``
@@ -47,10 +58,7 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
     over x's (``split_y`` likewise)."""
     pl, plgpu = pallas(), backend.mosaic()
     it = iter(refs)
-    x_g = next(it)
-    res_g = next(it) if fused else None
-    w_g = next(it) if has_weight else None
-    y_g, h_g, rstd_g = next(it), (next(it) if fused else None), next(it)
+    x_g, res_g, w_g, y_g, h_g, rstd_g = _fwd_refs(it, fused, has_weight)
     x_s = next(it)
     res_s = next(it) if fused else None
     h_s = (next(it) if split_h else res_s) if fused else x_s
@@ -117,6 +125,40 @@ def _fwd_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused, spli
 
 def _sq(v):
     return v * v
+
+
+def _fwd_direct_kernel(*refs, plan: Plan, eps, offset, casting, has_weight, fused):
+    """Forward of ``plan.direct``: CTA ``p`` takes rows ``p·block_rows …``, loads them (and the residual) from
+    global memory into registers in the staged kernel's chunks (the same sums, hence the same bits), and stores
+    ``y`` (and ``h``) and ``rstd`` straight back. Refs: ``x, [residual], [weight]``, outputs ``y, [h], rstd``.
+    Rows past ``m`` (the last block) load row ``m - 1`` again and store nothing. The weight is loaded first (as
+    stored: half the registers of float32), so that no load waits behind the reduction."""
+    pl, plgpu = pallas(), backend.mosaic()
+    x_g, res_g, w_g, y_g, h_g, rstd_g = _fwd_refs(iter(refs), fused, has_weight)
+    dt = y_g.dtype
+    chunks = plan.chunks()
+    rows = [lax.axis_index("p") * plan.block_rows + r for r in range(plan.block_rows)]
+    ws = [None if w_g is None else plgpu.load(w_g.at[pl.ds(off, size)], layout=layout(size)) for off, size in chunks]
+
+    def load(ref, row):
+        return [gmem_chunk(ref, jnp.minimum(row, plan.m - 1), off, size) for off, size in chunks]
+
+    held = [load(x_g, row) for row in rows]  # every row's loads before any row's math: all in flight at once
+    if fused:
+        held = [[rowmath.residual_add(x32, r32, rounder(dt)) for x32, r32 in zip(xs, load(res_g, row))]
+                for xs, row in zip(held, rows)]
+    for row, values in zip(rows, held):
+        rstd = rowmath.rstd_from_sumsq(scalar_sum([_sq(v) for v in values]), F32(plan.n), F32(eps), lax.rsqrt)
+
+        @pl.when(row < plan.m)
+        def _():
+            for (off, size), v, w in zip(chunks, values, ws):
+                if fused:
+                    h_g[row, pl.ds(off, size)] = v.astype(dt)
+                w_eff = None if w is None else effective_weight(w, offset, casting, dt)
+                n_val = rowmath.normalized(v, rstd, casting, rounder(dt))
+                y_g[row, pl.ds(off, size)] = rowmath.output(n_val, w_eff).astype(dt)
+            rstd_g[row] = rstd
 
 
 def _bwd_kernel(*refs, plan: Plan, offset, casting, has_weight, need_dx, need_dw, fused):
