@@ -131,10 +131,10 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     CTA per row) and has no register file (a partial that does not fit shared memory stays "in registers")."""
     config = config or heuristic(m, n, backward=backward)
     vec = max(1, 16 // widest)
-    if directs(config, backward, n):
-        n_pad = cdiv(n, ALIGN) * ALIGN
-        return Plan(m, n, n_pad, n_pad, 1, config.block_rows, 1, cdiv(max(m, 1), config.block_rows), 1, vec, False,
-                    direct=True)
+    aligned = cdiv(max(n, 1), ALIGN) * ALIGN  # one CTA's row (no cluster)
+    if directs(config, backward, aligned):
+        return Plan(m, n, aligned, aligned, 1, config.block_rows, 1, cdiv(max(m, 1), config.block_rows), 1, vec,
+                    False, direct=True)
     if config.direct:
         raise ValueError(f"direct is a forward option of rows one CTA holds (at most {DIRECT_MAX_N} columns, no "
                          f"cluster), got {config} for a {'backward' if backward else 'forward'} of {n} columns")
@@ -208,11 +208,10 @@ def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
 DIRECT_MAX_N = 16384
 
 
-def directs(config: MosaicConfig, backward: bool, n: int) -> bool:
-    """Whether ``config``'s forward of rows of ``n`` columns runs direct: unless ``config.direct`` is False, for
-    rows of at most ``DIRECT_MAX_N`` padded columns without a cluster; never the backward (it keeps a ``dweight``
-    partial per persistent CTA)."""
-    n_pad = cdiv(max(n, 1), ALIGN) * ALIGN
+def directs(config: MosaicConfig, backward: bool, n_pad: int) -> bool:
+    """Whether ``config``'s forward of rows padded to ``n_pad`` columns (a multiple of ``ALIGN``) runs direct:
+    unless ``config.direct`` is False, for rows of at most ``DIRECT_MAX_N`` of them without a cluster; never the
+    backward (it keeps a ``dweight`` partial per persistent CTA)."""
     return not (backward or config.cluster not in (None, 1) or n_pad > DIRECT_MAX_N or config.direct is False)
 
 

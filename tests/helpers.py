@@ -8,6 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 import pallas_norm
@@ -23,6 +24,7 @@ KERNEL = "pallas" if ON_GPU else "interpret"  # the Pallas kernel in JAX: compil
 DEFAULT_KERNEL = "auto" if ON_GPU else "interpret"  # the kernels impl=None runs on a GPU: the torch routes' bits
 ON_HOPPER = ON_GPU and backend.mosaic_capable()
 MOSAIC = "mosaic" if ON_HOPPER else "mosaic_interpret"  # the Mosaic GPU kernels: compiled on Hopper, else interpreted
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper GPU (compute capability >= 9.0)")
 GPU_KERNELS = ("pallas", "mosaic")  # the compiled kernels of both lowerings (GPU tests skip mosaic off Hopper)
 TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 JAX_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)

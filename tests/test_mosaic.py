@@ -17,10 +17,9 @@ import pallas_norm as pn
 from pallas_norm import backend, mosaic, mosaic_config
 from pallas_norm.mosaic_config import MosaicConfig
 
-from helpers import JAX_DTYPES, MOSAIC, ON_HOPPER, check_jax, jax_inputs, jax_vjp, judge
+from helpers import JAX_DTYPES, MOSAIC, ON_HOPPER, check_jax, hopper, jax_inputs, jax_vjp, judge
 
 CONFIGS = list(itertools.product(JAX_DTYPES, pn.CASTINGS, (0.0, 1.0)))
-hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper GPU (compute capability >= 9.0)")
 
 
 @pytest.mark.parametrize("case", range(len(CONFIGS)))

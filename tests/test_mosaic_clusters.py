@@ -16,9 +16,8 @@ import pytest
 from pallas_norm import backend, mosaic
 from pallas_norm.mosaic_config import MosaicConfig
 
-from helpers import JAX_DTYPES, ON_HOPPER, check_jax, jax_inputs, jax_vjp, judge
+from helpers import JAX_DTYPES, check_jax, hopper, jax_inputs, jax_vjp, judge
 
-hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper GPU (compute capability >= 9.0)")
 
 
 @pytest.mark.gpu

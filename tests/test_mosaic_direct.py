@@ -12,9 +12,8 @@ import pallas_norm as pn
 from pallas_norm import backend, mosaic_config
 from pallas_norm.mosaic_config import MosaicConfig
 
-from helpers import MOSAIC, ON_HOPPER, bits, check_jax, jax_inputs
+from helpers import MOSAIC, bits, check_jax, hopper, jax_inputs
 
-hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper GPU (compute capability >= 9.0)")
 
 
 DIRECT_CASES = [((37, 384), jnp.bfloat16, "llama", 0.0, 2, None), ((8, 1024), jnp.float16, "gemma", 1.0, 1, None),

@@ -6,7 +6,8 @@ its grid and warps, and each Mosaic GPU kernel as a ``mosaic_gpu_v2`` call carry
 compiled in this process (its PTX, grid and warps); our functions' modules are nothing but a chain of such calls,
 numbered here by which buffers each kernel reads and writes. Besides kernel calls a module may hold splat constants
 (and their broadcasts) that a kernel takes as a buffer it writes in place (an output aliased to that operand: the
-row-sum slots of ``pallas_norm.band_slots``), read as values filled per call. A module holding anything else raises ``UnsupportedProgram``.
+row-sum slots of ``pallas_norm.band_slots``), read as values filled per call. A module holding anything else raises
+``UnsupportedProgram``.
 """
 
 from __future__ import annotations
