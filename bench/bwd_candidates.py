@@ -1,12 +1,13 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax [--heads] | --triton]``: the resident backward's heuristic
-against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched by torch
-(``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces] | --triton]``: the resident backward's
+heuristic against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched
+by torch (``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main
 kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and its
 shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
-per-head candidates; ``--triton``: the Triton reference's backward instead. Prints one line per (shape, op,
-config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events, before this
-timer), sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md and triton_bwd_tiles_h100.md. Candidates: (elements
-per program, warps, programs per SM, prefetch).
+per-head candidates; ``--pieces``: rows held as their power-of-two pieces (``Config.pieces``); ``--triton``: the
+Triton reference's backward instead. Prints one line per (shape, op, config); the committed tables are
+bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events, before this timer),
+sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md, bwd_pieces_h100.md and triton_bwd_tiles_h100.md. Candidates:
+(elements per program, warps, programs per SM, prefetch).
 """
 
 from __future__ import annotations
@@ -33,12 +34,22 @@ TRITON_CANDIDATES = [(4096, 8, 2, True), (4096, 4, 2, True), (2048, 4, 4, True),
 HEAD_CANDIDATES = [(4096, 4, 4, False), (8192, 8, 2, False), (8192, 8, 4, False), (16384, 16, 1, False),
                    (4096, 8, 2, False), (8192, 4, 2, False), (2048, 4, 4, True), (4096, 8, 2, True)]
 
+# ``--pieces``: one row per program held as its power-of-two pieces, (warps, programs per SM, prefetch)
+# (bench/results/bwd_pieces_h100.md).
+PIECE_CANDIDATES = [(4, 4, False), (4, 2, True), (4, 2, False), (4, 3, False), (8, 2, True), (8, 1, True)]
+
 
 def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> list[Config | None]:
     """The heuristic (None) and the table's tilings that hold at least one row of ``n`` columns."""
     n_pad = next_pow2(n)
     return [None] + [Config(max(1, e // n_pad), n_pad, warps, programs=per_sm * sms, prefetch=pf)
                      for e, warps, per_sm, pf in table if e >= n_pad]
+
+
+def _piece_candidates(n: int, sms: int) -> list[Config | None]:
+    """The heuristic (None) and ``PIECE_CANDIDATES``."""
+    return [None] + [Config(1, next_pow2(n), warps, programs=per_sm * sms, prefetch=pf, pieces=True)
+                     for warps, per_sm, pf in PIECE_CANDIDATES]
 
 
 def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
@@ -93,10 +104,11 @@ def run_triton(shapes: list[tuple[int, int]]) -> None:
         torch.cuda.empty_cache()
 
 
-def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool]] = JAX_CANDIDATES) -> None:
-    """The ``table``'s candidates and Mosaic GPU, timed through JAX (``timing.time_jax``) from ``timing.rotations``
-    sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx, dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh,
-    dweight; dx and dresidual are the same values, one is kept as in ``bench fused``)."""
+def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool]] | None = JAX_CANDIDATES) -> None:
+    """The ``table``'s candidates (None: ``_piece_candidates``) and Mosaic GPU, timed through JAX
+    (``timing.time_jax``) from ``timing.rotations`` sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx,
+    dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh, dweight; dx and dresidual are the same values, one is kept
+    as in ``bench fused``)."""
     import jax
     import jax.numpy as jnp
 
@@ -108,7 +120,9 @@ def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool
         w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
         sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
         for fused in (False, True):
-            for cfg in _candidates(n, backend.num_sms(), table) + ["mosaic"]:
+            configs = _piece_candidates(n, backend.num_sms()) if table is None else _candidates(n, backend.num_sms(),
+                                                                                                 table)
+            for cfg in configs + ["mosaic"]:
                 kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
                                                                                        bwd_config=cfg)
                 if fused:
@@ -130,7 +144,8 @@ def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool
 if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
     if "--jax" in sys.argv[2:]:
-        run_jax(parsed, HEAD_CANDIDATES if "--heads" in sys.argv[2:] else JAX_CANDIDATES)
+        flags = sys.argv[2:]
+        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else None if "--pieces" in flags else JAX_CANDIDATES)
     elif "--triton" in sys.argv[2:]:
         run_triton(parsed)
     else:

@@ -62,6 +62,13 @@ filled) holds them in registers and is launched by jaxlib's Triton call, outside
 (``pallas_config.FWD_FFI_RESIDENT``): 8192×32768 2.99 TB/s against Mosaic GPU's 2.74, the fused add's 3.01 against
 2.74 (``bench/results/ffi_launch_h100.md``, ``probes_h100_2026-11-26_nineteenth.md``), so that forward leaves
 Mosaic GPU.
+
+Twenty-first session: the Triton lowering's backward holds rows of 2304, 2560 and 5120 columns as their power-of-two
+pieces (``pallas_config.BWD_PIECES``). From JAX (H100, bf16, ``bench/results/bwd_pieces_h100.md``, plain / fused
+TB/s) it beats Mosaic GPU at 2304 (32768 rows 2.72 / 2.85 against 2.64 / 2.83; 4096 rows 2.11 / 2.33 against 2.14 /
+2.27), ties or loses at 2560 (2.63 / 2.82 against 2.67 / 2.86) and 5120 (32768 rows 2.76 / 2.80 against 2.74 / 2.88;
+4096 rows 2.38 / 2.51 against 2.39 / 2.52): so the backward of rows of ``TRITON_BWD_PIECES`` columns takes the
+Triton lowering.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from .pallas_config import ffi_forward, full_row, one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
+TRITON_BWD_PIECES = frozenset({2304})  # and rows of these widths (held as their pieces: pallas_config.BWD_PIECES)
 MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 
@@ -88,7 +96,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n))
+        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n)) and n not in TRITON_BWD_PIECES
     else:
         lo, hi = MOSAIC_FWD_COLS
         mosaic = lo < n <= hi and not ffi_forward(n)

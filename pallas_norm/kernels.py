@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath, triton_ffi
-from .pallas_config import Config, cdiv, reduce_tile
+from .pallas_config import Config, cdiv, pieces_of, reduce_tile
 from .rounding import rounder
 
 F32 = jnp.float32
@@ -47,16 +47,36 @@ def _span(start, size: int, limit: int):
     return idx, idx < limit
 
 
+def _tile_mask(rmask, cols, cmask):
+    """The mask of an ``(rows, cols)`` tile; ``cmask`` None: every column is in the row (no column test)."""
+    if cmask is None:
+        return jnp.broadcast_to(rmask[:, None], (rmask.shape[0], cols.shape[0]))
+    return rmask[:, None] & cmask[None, :]
+
+
 def _tile(ref, rows, rmask, cols, cmask, dtype=F32):
     """Load an ``(rows, cols)`` tile, widened to ``dtype`` (None: as stored); masked-off lanes read 0."""
-    tile = backend.load(ref.at[rows[:, None], cols[None, :]], rmask[:, None] & cmask[None, :])
+    tile = backend.load(ref.at[rows[:, None], cols[None, :]], _tile_mask(rmask, cols, cmask))
     return tile if dtype is None else tile.astype(dtype)
+
+
+def _spans(config: Config, n: int, chunk) -> list:
+    """The ``(cols, cmask)`` spans a program's tiles cover: column chunk ``chunk`` of ``block_cols`` (a resident
+    row: chunk 0, padded and masked), or with ``config.pieces`` the row's power-of-two pieces in order (exact: no
+    column mask, ``cmask`` None)."""
+    if not config.pieces:
+        return [_span(chunk * config.block_cols, config.block_cols, n)]
+    spans, start = [], 0
+    for size in pieces_of(n):
+        spans.append((start + jnp.arange(size, dtype=jnp.int32), None))
+        start += size
+    return spans
 
 
 def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
     if w_ref is None:
         return None
-    w32 = backend.load(w_ref.at[cols], cmask).astype(F32)
+    w32 = backend.load(w_ref.at[cols], jnp.full(cols.shape, True) if cmask is None else cmask).astype(F32)
     return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
 
 
@@ -154,55 +174,69 @@ def _bwd_inputs(refs: list, has_weight: bool, has_dh_out: bool) -> tuple:
 
 def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw, has_dh_out=False):
     """Persistent backward: program ``pid`` takes row blocks pid, pid + programs, ...; writes their ``dx`` and
-    one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers.
-    Chunked rows: program ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel.
-    ``has_dh_out`` (the fused add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out,
-    rstd, …``)."""
+    one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers (with
+    ``config.pieces`` the row's power-of-two pieces, their sums added in piece order). Chunked rows: program
+    ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel. ``has_dh_out`` (the fused
+    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``)."""
     refs = list(refs)
     x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     s_ref = None if config.resident(n) else refs.pop(0)
     dx_ref = refs.pop(0) if need_dx else None
     dwp_ref = refs.pop(0) if need_dw else None
     dt = dy_ref.dtype
-    br, bc, programs = config.block_rows, config.block_cols, config.programs
+    br, programs = config.block_rows, config.programs
     pid = pl.program_id(0)
-    cols, cmask = _span(0 if s_ref is None else pl.program_id(1) * bc, bc, n)
-    w_eff = None if config.reload_weight else _weight(w_ref, cols, cmask, offset, casting, dt)
+    spans = _spans(config, n, 0 if s_ref is None else pl.program_id(1))
+
+    def weights():
+        return [_weight(w_ref, c, cm, offset, casting, dt) for c, cm in spans]
+
+    w_eff = None if config.reload_weight else weights()
 
     def fetch(t):
-        """Row block ``t`` of this program: raw x and dy tiles, rstd (blocks past the last row read nothing)."""
+        """Row block ``t`` of this program: raw x and dy tiles per span, rstd, [dh_out tiles] (blocks past the last
+        row read nothing)."""
         rows, rmask = _span((pid + t * programs) * br, br, m)
-        tiles = (_tile(x_ref, rows, rmask, cols, cmask, dtype=None), _tile(dy_ref, rows, rmask, cols, cmask, dtype=None),
-                 backend.load(rstd_ref.at[rows], rmask))
-        if dh_ref is not None and need_dx:
-            tiles += (_tile(dh_ref, rows, rmask, cols, cmask, dtype=None),)
-        return tiles
+
+        def tiles(ref):
+            return tuple(_tile(ref, rows, rmask, c, cm, dtype=None) for c, cm in spans)
+
+        fetched = (tiles(x_ref), tiles(dy_ref), backend.load(rstd_ref.at[rows], rmask))
+        return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx else fetched
 
     def use(t, tiles, dw_acc):
         rows, rmask = _span((pid + t * programs) * br, br, m)
-        x32, dy32, rstd = tiles[0].astype(F32), tiles[1].astype(F32), tiles[2][:, None]
+        x32, dy32 = ([a.astype(F32) for a in tiles[i]] for i in (0, 1))
+        rstd = tiles[2][:, None]
         if need_dx:
-            w = _weight(w_ref, cols, cmask, offset, casting, dt) if config.reload_weight else w_eff
-            g = rowmath.grad_scale(dy32, w, casting, rounder(dt))
+            ws = weights() if config.reload_weight else w_eff
+            g = [rowmath.grad_scale(d, w, casting, rounder(dt)) for d, w in zip(dy32, ws)]
             if s_ref is None:
-                sum_gx = jnp.sum(g * x32, axis=1, keepdims=True)
+                sum_gx = None
+                for gp, xp in zip(g, x32):
+                    part = jnp.sum(gp * xp, axis=1, keepdims=True)
+                    sum_gx = part if sum_gx is None else sum_gx + part
             else:
                 sum_gx = backend.load(s_ref.at[rows], rmask)[:, None]
-            dx = rowmath.grad_input(x32, g, rstd, sum_gx, F32(n))
-            if dh_ref is not None:
-                dx = rowmath.grad_residual(dx, tiles[3].astype(F32))
-            dx = dx.astype(dt)
-            backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx, rmask[:, None] & cmask[None, :])
+            for i, (c, cm) in enumerate(spans):
+                dx = rowmath.grad_input(x32[i], g[i], rstd, sum_gx, F32(n))
+                if dh_ref is not None:
+                    dx = rowmath.grad_residual(dx, tiles[3][i].astype(F32))
+                dx = dx.astype(dt)
+                backend.store(dx_ref.at[rows[:, None], c[None, :]], dx, _tile_mask(rmask, c, cm))
         if need_dw:
-            n_val = rowmath.normalized(x32, rstd, casting, rounder(dt))
-            dw_acc = dw_acc + jnp.sum(rowmath.dweight_terms(dy32, n_val), axis=0)
+            dw_acc = tuple(acc + jnp.sum(rowmath.dweight_terms(d, rowmath.normalized(xp, rstd, casting, rounder(dt))),
+                                         axis=0) for acc, d, xp in zip(dw_acc, dy32, x32))
         return dw_acc
 
-    dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use, jnp.zeros((bc,), F32))
-    if need_dw and len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
-        backend.store(dwp_ref.at[cols], dw.astype(dwp_ref.dtype), cmask)
-    elif need_dw:
-        backend.store(dwp_ref.at[pid, cols], dw, cmask)
+    dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use,
+               tuple(jnp.zeros(c.shape, F32) for c, _ in spans))
+    for acc, (c, cm) in zip(dw, spans):
+        mask = jnp.full(c.shape, True) if cm is None else cm
+        if need_dw and len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
+            backend.store(dwp_ref.at[c], acc.astype(dwp_ref.dtype), mask)
+        elif need_dw:
+            backend.store(dwp_ref.at[pid, c], acc, mask)
 
 
 def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight):

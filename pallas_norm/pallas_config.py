@@ -91,6 +91,15 @@ BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
                 2048: (4096, 8, 2, True, False),
                 **dict.fromkeys((4096, 8192), (8192, 16, 1, True, False)),
                 16384: (16384, 16, 1, False, True)}
+# Backward, rows of these widths held as their power-of-two pieces (``Config.pieces``: 2304 = 2048 + 256, no masked
+# lanes) in programs of one row: (warps, programs per SM, prefetch). Twenty-first session (H100, bf16, from JAX, the
+# kernels' durations, `python -m bench.bwd_candidates ... --jax --pieces`, bench/results/bwd_pieces_h100.md; plain /
+# fused add TB/s against the padded tile of BWD_RESIDENT): 32768×2304 2.46 / 2.69 → 2.72 / 2.85 (Mosaic GPU 2.64 /
+# 2.83), 4096×2304 2.09 / 2.32 → 2.11 / 2.33; 32768×2560 2.55 / 2.72 → 2.63 / 2.82; 32768×5120 2.59 / 2.61 → 2.76 /
+# 2.80, 4096×5120 2.33 / 2.37 → 2.38 / 2.51. Each width wants its own tile (one serves the plain and the fused add's
+# backward: the fused add's dweight is rms_norm's bits; prefetching spills the fused one at 5120, 1.89). Halves of
+# a power of two (1536, 3072, 6144) lose to their padded tile: not taken.
+BWD_PIECES = {2304: (4, 4, False), 2560: (8, 2, True), 5120: (4, 2, False)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
 ONE_PROGRAM_ELEMS = 1 << 16
@@ -156,6 +165,11 @@ def next_pow2(v: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def pieces_of(n: int) -> list[int]:
+    """The power-of-two pieces of a row of ``n`` columns, largest first (its binary digits: 2304 → [2048, 256])."""
+    return [1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
 
 
 def full_row(n: int) -> bool:
@@ -232,6 +246,7 @@ class Config:
     lag: int = 0
     carry: bool = False
     ffi_launch: bool = False
+    pieces: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -241,7 +256,7 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        for flag in ("prefetch", "reload_weight", "carry", "ffi_launch"):
+        for flag in ("prefetch", "reload_weight", "carry", "ffi_launch", "pieces"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
@@ -279,6 +294,10 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
+    if n in BWD_PIECES:
+        warps, per_sm, prefetch = BWD_PIECES[n]
+        programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
+        return fit(Config(1, n_pad, warps, programs=programs, prefetch=prefetch, pieces=True), m, n, backward=True)
     elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
     block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
@@ -335,6 +354,9 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = 
                          f"{'backward' if backward else 'forward'}")
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
+    if config.pieces and not (backward and chunks == 1):
+        raise ValueError(f"pieces is an option of the backward of rows held whole (block_cols >= the padded row, "
+                         f"{next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")
     if config.lag and chunks == 1:  # no bands: a resident row
         config = dataclasses.replace(config, lag=0)
     if config.lag:  # a grid of bands × row groups (each group at least one row block)

@@ -234,16 +234,17 @@ def test_auto_table(monkeypatch, capable):
     """``impl="auto"``'s lowering per direction and row length (``pallas_norm/auto.py``): Mosaic GPU only on Hopper
     and rows of 128·k columns; the backward from 1024 to 131072 columns (per-head rows of 128 stay on the Triton
     lowering, where Mosaic GPU ran at a third of its speed; 262144 too: column bands) but rows of at most 8192 that
-    fill more than 3/4 of their padded length (the Triton lowering's resident backward is faster there), the forward
+    fill more than 3/4 of their padded length (the Triton lowering's resident backward is faster there) and rows of
+    2304 (held as their pieces, ``auto.TRITON_BWD_PIECES``), the forward
     for 16384 < N ≤ 131072 (262144: column bands). Without ``triton_ffi``, which takes rows of 32768 where it is
     available (``tests/test_triton_ffi.py``)."""
     from pallas_norm import auto, triton_ffi
 
     monkeypatch.setattr(backend, "mosaic_capable", lambda: capable)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
-    mosaic_bwd = {1280, 2304, 3072, 5120, 6144, 12288, 16384, 32768, 65536, 131072}
+    mosaic_bwd = {1280, 2560, 3072, 5120, 6144, 12288, 16384, 32768, 65536, 131072}
     mosaic_fwd = {32768, 65536, 131072}
-    for n in (64, 128, 256, 1000, 1024, 1280, 2048, 2304, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384,
+    for n in (64, 128, 256, 1000, 1024, 1280, 2048, 2304, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384,
               32768, 65536, 131072, 262144):
         assert auto.lowering(True, n) == ("mosaic" if capable and n in mosaic_bwd else "pallas"), n
         assert auto.lowering(False, n) == ("mosaic" if capable and n in mosaic_fwd else "pallas"), n
