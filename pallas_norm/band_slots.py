@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend
-from .kernels import F32, _span
+from .tiles import F32, _span
 from .pallas_config import Config, cdiv, next_pow2
 
 UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF)

@@ -10,7 +10,7 @@ block's band again (``lag`` blocks later: L1 or L2), or with ``config.carry`` ta
 ``lag`` blocks carried through the loop), and writes the block's band of y (and rstd, band 0's program) or dx. So
 memory sees each row operand read once and each result written once (the forward 2 passes where the chunked path
 makes 3, the backward 3 for 5); ``dweight`` is each band's sum over its group's rows, in row order, stored by its
-owner (one group) or summed over the groups in group order (``kernels.reduce_dweight``): deterministic.
+owner (one group) or summed over the groups in group order (``dweight.reduce_dweight``): deterministic.
 
 The exchange (``band_slots``): slots filled per call, posted by one 32-bit store, polled by volatile loads.
 Groups never wait on each other: a group that does not fit beside the others runs in a later wave. Nothing needs a
@@ -30,11 +30,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import backend, band_slots, kernels, rowmath
+from . import backend, band_slots, rowmath
 from .band_slots import groups
-from .kernels import F32, _bwd_inputs, _rstd, _span, _weight
+from .dweight import reduce_dweight
+from .kernels import _bwd_inputs
 from .pallas_config import Config, cdiv
 from .rounding import rounder
+from .tiles import F32, _rstd, _span, _weight
 
 
 def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt):
@@ -209,7 +211,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     dw = _walk_bands(m, n, config, config.lag if need_dx else 0, fetch, start, finish, ex, bc)
     if need_dw and len(dw_ref.shape) == 1:  # one row group: this band's dweight itself
         backend.store(dw_ref.at[cols], dw.astype(dw_ref.dtype), cmask)
-    elif need_dw:  # the group's partial, summed in group order by kernels' reduction
+    elif need_dw:  # the group's partial, summed in group order by reduce_dweight
         backend.store(dw_ref.at[pl.program_id(1), cols], dw, cmask)
 
 
@@ -263,5 +265,5 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     dx = outs.pop(0) if need_dx else None
     dweight = outs.pop(0) if need_dw else None
     if need_dw and g > 1:
-        dweight = kernels.reduce_dweight(dweight, weight.dtype, interpret=interpret)
+        dweight = reduce_dweight(dweight, weight.dtype, interpret=interpret)
     return dx, dweight

@@ -1,12 +1,12 @@
-"""The Pallas RMSNorm kernels (forward, backward, dweight reduction) and their ``pallas_call`` launchers.
+"""The Pallas RMSNorm kernels (forward, backward) and their ``pallas_call`` launchers.
 
 All on 2-D ``(m, n)`` inputs with m >= 1 (the API handles empty inputs), tiled by a fitted
 ``pallas_config.Config``. Row math comes from ``rowmath``; memory access from ``backend``.
 Forward: one program per ``block_rows`` rows when the row is resident in registers; long rows are walked in
 column chunks (sum of squares first, then normalise, backwards) by a persistent grid. Backward: a persistent grid
 of ``config.programs`` programs, each keeping a float32 ``dweight`` partial in registers; the partials are then
-summed in a fixed order by ``_dweight_reduce_kernel`` (no atomics), so ``dweight`` is bitwise reproducible; a grid
-of one program stores ``dweight`` itself (one launch).
+summed in a fixed order by ``dweight.reduce_dweight`` (no atomics), so ``dweight`` is bitwise reproducible; a grid
+of one program stores ``dweight`` itself (one launch). Tile loads and their masks come from ``tiles``.
 """
 
 from __future__ import annotations
@@ -19,45 +19,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import backend, rowmath, triton_ffi
-from .pallas_config import Config, cdiv, pieces_of, reduce_tile
+from .dweight import reduce_dweight
+from .pallas_config import Config, cdiv, pieces_of
 from .rounding import rounder
-
-F32 = jnp.float32
-# The dweight reduction (the Triton lowering's; Mosaic GPU has its own): REDUCE_COLS columns per program of
-# REDUCE_WARPS warps; lane r of a (REDUCE_ROWS, REDUCE_COLS) tile adds partial rows r, r + REDUCE_ROWS, ... in order,
-# REDUCE_UNROLL tiles loaded before their adds, then the lanes are summed (a fixed order: the same bits every run,
-# as the main kernels' own sums over a block's rows). A chain of loads, so the rows in flight per step set its
-# speed. Thirteenth session: 1024 columns per program, one row at a time → 256 columns, 8 rows per step (the
-# persistent grid's 132 partial rows 25-28 → 5 µs, bench/results/dweight_reduce_h100.md). Fourteenth session
-# (H100, kernels timed from JAX, bench/results/dweight_reduce_h100.md): these tiles, 256 rows per step in 32-column
-# programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column: 2.3, 6-9,
-# 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a band grid's
-# row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5 → 2.7 µs.
-# Sixteenth session: REDUCE_COLS is the most; short rows take fewer, about one program per SM
-# (pallas_config.reduce_cols, inside reduce_tile: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
-REDUCE_ROWS = 32
-REDUCE_COLS = 32
-REDUCE_UNROLL = 8
-REDUCE_WARPS = 8
-REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (pallas_config.reduce_tile)
-
-
-def _span(start, size: int, limit: int):
-    idx = start + jnp.arange(size, dtype=jnp.int32)
-    return idx, idx < limit
-
-
-def _tile_mask(rmask, cols, cmask):
-    """The mask of an ``(rows, cols)`` tile; ``cmask`` None: every column is in the row (no column test)."""
-    if cmask is None:
-        return jnp.broadcast_to(rmask[:, None], (rmask.shape[0], cols.shape[0]))
-    return rmask[:, None] & cmask[None, :]
-
-
-def _tile(ref, rows, rmask, cols, cmask, dtype=F32):
-    """Load an ``(rows, cols)`` tile, widened to ``dtype`` (None: as stored); masked-off lanes read 0."""
-    tile = backend.load(ref.at[rows[:, None], cols[None, :]], _tile_mask(rmask, cols, cmask))
-    return tile if dtype is None else tile.astype(dtype)
+from .tiles import F32, _rstd, _span, _tile, _tile_mask, _weight
 
 
 def _spans(config: Config, n: int, chunk) -> list:
@@ -73,15 +38,16 @@ def _spans(config: Config, n: int, chunk) -> list:
     return spans
 
 
-def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
-    if w_ref is None:
-        return None
-    w32 = backend.load(w_ref.at[cols], jnp.full(cols.shape, True) if cmask is None else cmask).astype(F32)
-    return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
-
-
-def _rstd(sumsq, n: int, eps: float):
-    return rowmath.rstd_from_sumsq(sumsq, F32(n), F32(eps), lax.rsqrt)
+def output_in_dtype(casting: str, offset: float, w_dtype, dt) -> bool:
+    """Whether the forward's ``y = r(n · w_eff)`` may multiply in the input dtype ``dt`` (low-precision inputs): both
+    factors are values of ``dt`` (llama: ``n = r(x·rstd)`` and ``w_eff = w``, so no offset and the weight stored in
+    ``dt``; none: ``n`` and ``w_eff`` both rounded), and the exact product of two such values fits in float32, so one
+    rounding of it to ``dt`` gives the float32 path's bits. Gemma's ``n`` is float32: never. H100, bf16, from JAX
+    (the weight also loaded first; twenty-first session, ``probes_h100_2026-11-26_twentyfirst.md``): 4096×5120
+    2.73 → 2.80 TB/s, 4096×1024 2.33 → 2.39, 32768×16384 (XLA's launch) 2.91 → 2.99."""
+    if jnp.dtype(dt).itemsize >= 4 or casting == "gemma":
+        return False
+    return casting == "none" or (offset == 0.0 and jnp.dtype(w_dtype) == jnp.dtype(dt))
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
@@ -100,14 +66,23 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     rstd_ref = refs.pop(0)
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
+    low = w_ref is not None and output_in_dtype(casting, offset, w_ref.dtype, dt)
 
-    def emit(rows, rmask, k, h32, rstd):
+    def weight(cols, cmask):
+        """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""
+        if low and casting == "llama":
+            return backend.load(w_ref.at[cols], cmask)[None, :]
+        w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
+        return w_eff.astype(dt) if low else w_eff
+
+    def emit(rows, rmask, k, h32, rstd, w=None):
         cols, cmask = _span(k * bc, bc, n)
         mask = rmask[:, None] & cmask[None, :]
         if h_ref is not None:
             backend.store(h_ref.at[rows[:, None], cols[None, :]], h32.astype(dt), mask)
         n_val = rowmath.normalized(h32, rstd[:, None], casting, rounder(dt))
-        y = rowmath.output(n_val, _weight(w_ref, cols, cmask, offset, casting, dt)).astype(dt)
+        w = weight(cols, cmask) if w is None else w
+        y = rowmath.output(n_val.astype(dt), w) if low else rowmath.output(n_val, w).astype(dt)
         backend.store(y_ref.at[rows[:, None], cols[None, :]], y, mask)
 
     def fetch(rows, rmask, k):
@@ -125,9 +100,10 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     if chunks == 1:
         rows, rmask = _span(pl.program_id(0) * br, br, m)
+        w = weight(*_span(0, bc, n)) if low else None  # loaded first: its latency hides behind the row's
         h32 = row(fetch(rows, rmask, 0))
         rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
-        emit(rows, rmask, 0, h32, rstd)
+        emit(rows, rmask, 0, h32, rstd, w)
         backend.store(rstd_ref.at[rows], rstd, rmask)
         return
 
@@ -261,20 +237,6 @@ def _bwd_rowsum_kernel(*refs, m, n, offset, casting, config: Config, has_weight)
     backend.store(s_ref.at[rows], jnp.sum(acc, axis=1), rmask)
 
 
-def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int, lanes: int, cols: int):
-    """``dweight[c] = Σ_p partials[p, c]`` in one fixed order (the same bits every run): lane r of a ``(lanes, cols)``
-    tile adds rows r, r + lanes, r + 2·lanes, ... in that order (``backend.ordered_sum``, ``REDUCE_UNROLL`` tiles
-    loaded before their adds), then the lanes are summed (``jnp.sum``; with one lane the order is p = 0, 1, ...)."""
-    span, cmask = _span(pl.program_id(0) * cols, cols, n)
-
-    def load(first, j):
-        rows, rmask = _span((first + j) * lanes, lanes, parts)
-        return _tile(dwp_ref, rows, rmask, span, cmask, dtype=None)
-
-    acc = backend.ordered_sum(load, cdiv(parts, lanes), REDUCE_UNROLL, jnp.zeros((lanes, cols), F32))
-    backend.store(dw_ref.at[span], jnp.sum(acc, axis=0).astype(dw_ref.dtype), cmask)
-
-
 def _no_bands(config: Config) -> None:
     if config.lag:
         raise ValueError(f"config has lag={config.lag}: a band config runs through bands.forward/backward (the API "
@@ -352,16 +314,3 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     if need_dw and not direct:
         dweight = reduce_dweight(outs.pop(0), weight.dtype, interpret=interpret)
     return dx, dweight
-
-
-def reduce_dweight(partials, dtype, *, interpret: bool):
-    """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
-    (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
-    parts, n = partials.shape
-    lanes, cols = reduce_tile(parts, n, backend.num_sms(), REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
-    return pl.pallas_call(
-        functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
-        out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),
-        compiler_params=backend.compiler_params(REDUCE_WARPS, interpret=interpret), interpret=interpret,
-        name="pallas_norm_dweight_reduce",
-    )(partials)

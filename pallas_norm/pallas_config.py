@@ -72,7 +72,7 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # 2.12 at 32768×4096). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45
 # against 1.66).
 # Fourteenth session: the dweight reduction's cost had kept the grid at one program per SM. With it at 1.4-3.4 µs
-# for 132-528 partial rows (kernels.REDUCE_ROWS), more and smaller programs pay at 512-2048 columns. From JAX (the
+# for 132-528 partial rows (dweight.REDUCE_ROWS), more and smaller programs pay at 512-2048 columns. From JAX (the
 # kernels' durations, XLA's launch; H100, bf16, bench/results/sweep_h100_bwd_jax_2026-11-26.md; plain / fused add
 # TB/s), the previous choice (8192 elements, 16 warps, 1 per SM) → these: 4096×1024 1.62 / 1.85 → 1.90 / 2.06,
 # 32768×1024 2.17 / 2.52 → 2.74 / 2.83; 4096×2048 2.10 / 2.21 → 2.31 / 2.44, 32768×2048 2.65 / 2.67 → 2.88 / 2.94;

@@ -164,18 +164,18 @@ def test_small_backward_is_one_launch(casting):
 
 @pytest.mark.parametrize("parts, n", [(1, 1000), (8, 1000), (37, 1000), (300, 1000), (37, 12)])
 def test_dweight_reduction_order(parts, n, monkeypatch):
-    """The reduction kernel (``kernels.reduce_dweight``) adds the float32 partial rows in one fixed order. Default
+    """The reduction kernel (``dweight.reduce_dweight``) adds the float32 partial rows in one fixed order. Default
     tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a
     remainder after the unrolled steps, a ragged last column tile; 12 columns: the narrowest tiles,
     ``reduce_cols``). One lane (``REDUCE_ROWS = 1``): the bits of adding the rows one after another, p = 0, 1, ....
     Broken variants: a row left out (off by more than the rounding bound); the rows reversed (one lane: other
     bits)."""
-    from pallas_norm import kernels
+    from pallas_norm import dweight
 
     partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, n), jnp.float32) * 1e3)
     check_reduction_order(
-        lambda p: np.asarray(kernels.reduce_dweight(jnp.asarray(p), jnp.float32, interpret=not ON_GPU)), partials,
-        lambda: monkeypatch.setattr(kernels, "REDUCE_ROWS", 1))
+        lambda p: np.asarray(dweight.reduce_dweight(jnp.asarray(p), jnp.float32, interpret=not ON_GPU)), partials,
+        lambda: monkeypatch.setattr(dweight, "REDUCE_ROWS", 1))
 
 
 def test_reduce_cols():
