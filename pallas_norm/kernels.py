@@ -38,18 +38,6 @@ def _spans(config: Config, n: int, chunk) -> list:
     return spans
 
 
-def output_in_dtype(casting: str, offset: float, w_dtype, dt) -> bool:
-    """Whether the forward's ``y = r(n · w_eff)`` may multiply in the input dtype ``dt`` (low-precision inputs): both
-    factors are values of ``dt`` (llama: ``n = r(x·rstd)`` and ``w_eff = w``, so no offset and the weight stored in
-    ``dt``; none: ``n`` and ``w_eff`` both rounded), and the exact product of two such values fits in float32, so one
-    rounding of it to ``dt`` gives the float32 path's bits. Gemma's ``n`` is float32: never. H100, bf16, from JAX
-    (the weight also loaded first; twenty-first session, ``probes_h100_2026-11-26_twentyfirst.md``): 4096×5120
-    2.73 → 2.80 TB/s, 4096×1024 2.33 → 2.39, 32768×16384 (XLA's launch) 2.91 → 2.99."""
-    if jnp.dtype(dt).itemsize >= 4 or casting == "gemma":
-        return False
-    return casting == "none" or (offset == 0.0 and jnp.dtype(w_dtype) == jnp.dtype(dt))
-
-
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
     """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
@@ -66,7 +54,10 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     rstd_ref = refs.pop(0)
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
-    low = w_ref is not None and output_in_dtype(casting, offset, w_ref.dtype, dt)
+    # y's product in the input dtype where exact, the weight loaded first (H100, bf16, from JAX, XLA's launch;
+    # probes_h100_2026-11-26_twentyfirst.md): 4096×5120 2.73 → 2.80 TB/s, 4096×1024 2.34 → 2.38, 32768×16384 2.91 → 2.99
+    low = w_ref is not None and rowmath.output_in_dtype(casting, offset, jnp.dtype(w_ref.dtype) == jnp.dtype(dt),
+                                                        jnp.dtype(dt).itemsize < 4)
 
     def weight(cols, cmask):
         """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""

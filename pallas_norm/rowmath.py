@@ -43,6 +43,17 @@ def output(n: A, w_eff: A | None) -> A:
     return n if w_eff is None else n * w_eff
 
 
+def output_in_dtype(casting: str, offset: float, weight_in_dtype: bool, low_precision: bool) -> bool:
+    """Whether ``output``'s ``n · w_eff`` may be multiplied in the input dtype (``low_precision``: bf16/fp16) and
+    rounded once, with the float32 product's bits: both factors are values of that dtype (llama: ``n = r(x·rstd)`` and
+    ``w_eff = w``, so no offset and the weight stored in the input dtype, ``weight_in_dtype``; none: ``n`` and
+    ``w_eff`` both rounded), and the exact product of two such values fits in float32. Gemma's ``n`` is float32:
+    never. Both stacks' forwards ask this (on the GPU the multiply is then one bf16x2/f16x2 instruction per pair)."""
+    if not low_precision or casting == "gemma":
+        return False
+    return casting == "none" or (offset == 0.0 and weight_in_dtype)
+
+
 def grad_scale(dy: A, w_eff: A | None, casting: str, r: Rounder) -> A:
     """``g = dy·w_eff``: unrounded for gemma, ``r(dy·w_eff)`` for llama and none (as HF autograd does)."""
     g = dy if w_eff is None else dy * w_eff

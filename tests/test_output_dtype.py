@@ -1,5 +1,5 @@
 """The forward's ``y = r(n · w_eff)`` multiplied in the input dtype where both factors are values of it
-(``kernels.output_in_dtype``): the same bits as the float32 product, on CPU and compiled."""
+(``rowmath.output_in_dtype``, both stacks): the same bits as the float32 product, on CPU and compiled."""
 
 from __future__ import annotations
 
@@ -7,31 +7,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 import pallas_norm as pn
-from pallas_norm import kernels
-from pallas_norm.kernels import output_in_dtype
+from pallas_norm import rowmath
 from pallas_norm.pallas_config import Config
+from pallas_norm.rowmath import output_in_dtype
 
-from helpers import KERNEL, assert_same_bits, jax_inputs
+from helpers import DEVICE, KERNEL, assert_same_bits, jax_inputs, torch_inputs
 
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
 
 
 def test_the_rule():
     """llama: no offset and the weight stored in the input dtype; none: always (both factors are rounded); gemma
-    (``n`` in float32) and float32 inputs: never."""
-    assert output_in_dtype("llama", 0.0, BF16, BF16) and output_in_dtype("llama", 0.0, F16, F16)
-    assert not output_in_dtype("llama", 1.0, BF16, BF16)  # w + 1 is not a bf16 value
-    assert not output_in_dtype("llama", 0.0, F32, BF16)  # nor is a float32 weight
-    assert output_in_dtype("none", 1.0, F32, BF16) and output_in_dtype("none", 0.0, BF16, F16)
-    assert not output_in_dtype("gemma", 0.0, BF16, BF16)
-    assert not output_in_dtype("llama", 0.0, F32, F32) and not output_in_dtype("none", 0.0, F32, F32)
+    (``n`` in float32) and float32 inputs: never. Arguments: casting, offset, weight in the input dtype, the input
+    dtype bf16/fp16."""
+    assert output_in_dtype("llama", 0.0, True, True)
+    assert not output_in_dtype("llama", 1.0, True, True)  # w + 1 is not a bf16 value
+    assert not output_in_dtype("llama", 0.0, False, True)  # nor is a float32 weight
+    assert output_in_dtype("none", 1.0, False, True) and output_in_dtype("none", 0.0, True, True)
+    assert not output_in_dtype("gemma", 0.0, True, True)
+    assert not output_in_dtype("llama", 0.0, True, False) and not output_in_dtype("none", 0.0, True, False)
 
 
 def _outputs(x, r, w, monkeypatch, rule, impl, **kw):
     """``rms_norm`` and ``rms_norm_add``'s ``y`` under ``rule`` (kernels traced afresh)."""
-    monkeypatch.setattr(kernels, "output_in_dtype", rule)
+    monkeypatch.setattr(rowmath, "output_in_dtype", rule)
     jax.clear_caches()
     return pn.rms_norm(x, w, impl=impl, **kw), pn.rms_norm_add(x, r, w, impl=impl, **kw)[0]
 
@@ -50,7 +52,7 @@ def test_same_bits_as_the_float32_product(case, monkeypatch):
     x, w, _ = jax_inputs(shape, dt, offset, weight_dtype=wdt, seed=case, scale=3.0)
     r = jax_inputs(shape, dt, seed=case + 10)[0]
     kw = dict(casting=casting, offset=offset, config=config)
-    assert output_in_dtype(casting, offset, wdt, dt)
+    assert output_in_dtype(casting, offset, wdt == dt, True)
     low = _outputs(x, r, w, monkeypatch, output_in_dtype, "interpret", **kw)
     wide = _outputs(x, r, w, monkeypatch, lambda *a: False, "interpret", **kw)
     for a, b in zip(low, wide):
@@ -75,3 +77,40 @@ def test_gpu_same_bits_as_the_float32_product(m, n, dt, casting, monkeypatch):
     wide = _outputs(x, r, w, monkeypatch, lambda *a: False, KERNEL, casting=casting)
     for a, b in zip(low, wide):
         assert_same_bits(a, b)
+
+
+def _triton_outputs(x, r, w, monkeypatch, rule, config=None, **kw):
+    """The Triton reference's ``y`` (plain and fused add) under ``rule``."""
+    from torch_bridge import triton_kernels
+
+    monkeypatch.setattr(rowmath, "output_in_dtype", rule)
+    args = (x, w, 1e-6, kw["offset"], kw["casting"], config)
+    return triton_kernels.rms_norm_fwd(*args)[0], triton_kernels.rms_norm_fwd(*args, residual=r, h_dtype=x.dtype)[0]
+
+
+TRITON_CASES = [((37, 1000), torch.float16, "llama", 0.0, None), ((20, 640), torch.float16, "none", 1.0, None),
+                ((37, 1000), torch.float16, "llama", 0.0, "chunked")]
+if DEVICE == "cuda":  # the interpreter keeps bfloat16's float32 product (it would round a bf16 one by truncation)
+    TRITON_CASES += [((4096, 5120), torch.bfloat16, "llama", 0.0, None), ((1000, 16384), torch.bfloat16, "none", 0.0,
+                                                                         None),
+                     ((300, 8192), torch.bfloat16, "llama", 0.0, "chunked")]
+
+
+@pytest.mark.parametrize("case", range(len(TRITON_CASES)))
+def test_triton_reference_same_bits(case, monkeypatch):
+    """The Triton reference's forward likewise (resident rows, and column chunks forced), plain and fused add.
+    Broken variant: the rule forced for gemma changes the bits."""
+    from torch_bridge import triton_config
+
+    shape, dt, casting, offset, chunked = TRITON_CASES[case]
+    x, w, _ = torch_inputs(shape, dt, offset, seed=case, scale=3.0)
+    r = torch_inputs(shape, dt, seed=case + 10)[0]
+    kw = dict(offset=offset, casting=casting, config=triton_config.chunked_forward_config() if chunked else None)
+    low = _triton_outputs(x, r, w, monkeypatch, output_in_dtype, **kw)
+    wide = _triton_outputs(x, r, w, monkeypatch, lambda *a: False, **kw)
+    for a, b in zip(low, wide):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    if case == 0:
+        bad = dict(offset=0.0, casting="gemma")
+        forced = _triton_outputs(x, r, w, monkeypatch, lambda *a: True, **bad)[0]
+        assert not torch.equal(forced, _triton_outputs(x, r, w, monkeypatch, lambda *a: False, **bad)[0])

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pallas_norm import rowmath
 from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
 from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch
 from torch_bridge.triton_config import Config
@@ -28,14 +29,30 @@ from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _
 # Kernels
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
-             DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight)."""
+def _weight_low(W, cols, N, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+                EMULATE_BF16: tl.constexpr):
+    """w_eff[cols] as a value of DT (``rowmath.output_in_dtype``): llama's w as stored, none's r(r(w) + offset)."""
+    w = tl.load(W + cols, mask=cols < N, other=0.0)
+    if CASTING == 0:
+        return w
+    else:
+        return _to_dt(_w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16), DT, EMULATE_BF16)
+
+
+@triton.jit
+def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr,
+             CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight); LOW: n and ``w_low`` (w_eff as a
+    value of DT) multiplied in DT, the same bits (``rowmath.output_in_dtype``)."""
     n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=cols < N, other=0.0)
-        n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
-    tl.store(Y + base + cols[None, :], _to_dt(n, DT, EMULATE_BF16), mask=mask)
+    if LOW:
+        y = _to_dt(n, DT, EMULATE_BF16) * w_low[None, :]
+    else:
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cols < N, other=0.0)
+            n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+        y = _to_dt(n, DT, EMULATE_BF16)
+    tl.store(Y + base + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -54,21 +71,25 @@ def _row(X, R, H, offs, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
 @triton.jit
 def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                EMULATE_BF16: tl.constexpr):
+                HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
+                CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
     (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
     again) making two passes over column chunks. HAS_RESIDUAL (the fused add): the row is h = r(x + residual)
-    (DT is h's dtype), stored to H; long rows add again in the second pass."""
+    (DT is h's dtype), stored to H; long rows add again in the second pass. LOW: y's product in DT
+    (``_store_y``), the resident row's weight loaded first."""
     cols0 = tl.arange(0, BLOCK_N)
     if not CHUNKED:
+        w_low = 0.0
+        if LOW:
+            w_low = _weight_low(W, cols0, N, offset, CASTING, DT, CT, EMULATE_BF16)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         base = rows[:, None] * N
         mask = row_mask[:, None] & (cols0[None, :] < N)
         x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
-        _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
+        _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
         tl.store(RSTD + rows, rstd, mask=row_mask)
     else:
         for it in range(0, ITERS):
@@ -87,7 +108,11 @@ def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 cols = (n_chunks - 1 - i) * BLOCK_N + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
                 x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
-                _store_y(Y, W, base, cols, mask, N, x, rstd, offset, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
+                w_low = 0.0
+                if LOW:
+                    w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16)
+                _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT,
+                         EMULATE_BF16)
             tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
@@ -184,6 +209,14 @@ def _common(x: torch.Tensor) -> dict:
     return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[custom_ops.rstd_dtype(x)], EMULATE_BF16=INTERPRET)
 
 
+def _output_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str) -> bool:
+    """``rowmath.output_in_dtype`` for a forward of rows of ``dtype``; not where the interpreter would have to
+    multiply bfloat16 (it rounds to bfloat16 by truncation: ``EMULATE_BF16``)."""
+    if weight is None or (INTERPRET and dtype == torch.bfloat16):
+        return False
+    return rowmath.output_in_dtype(casting, offset, weight.dtype == dtype, dtype.itemsize < 4)
+
+
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
                  config: Config | None = None, rstd: torch.Tensor | None = None, *,
                  residual: torch.Tensor | None = None, h_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
@@ -203,16 +236,19 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
         cfg = triton_config.chunked_forward_config()  # float64: its partial sums do not fit the 32-bit slots
     h = torch.empty_like(x, dtype=h_dtype) if fused else None
     y = torch.empty_like(x, dtype=row_dtype)
+    low = _output_in_dtype(weight, row_dtype, offset, casting)
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
-           custom_ops.dtype_of(residual), h_dtype)
+           custom_ops.dtype_of(residual), h_dtype, low)
     row_blocks = cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
                           M, N, float(N), eps, offset, g, cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
-                                      HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting],
-                                      num_warps=cfg.num_warps, **_common(y)), interpret=INTERPRET)
+                                      HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused,
+                                      LOW=low,
+                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(y)),
+                         interpret=INTERPRET)
     return (y, h, rstd) if fused else (y, rstd)
 
 
