@@ -38,6 +38,13 @@ def _spans(config: Config, n: int, chunk) -> list:
     return spans
 
 
+# With y's product in the input dtype, resident rows of at most this many columns load the weight before the row (its
+# latency hidden behind the row's); longer rows after it: held from the start it cost the fused add's forward 6% at
+# 16384 columns (H100, bf16, from JAX, 4·M·N·2 bytes: 4096×16384 2.97 → 2.80, 32768×16384 3.00 → 2.87; the plain
+# forward ties there; probes_h100_2026-11-26_twentyfirst.md §5).
+WEIGHT_FIRST_MAX_COLS = 8192
+
+
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
     """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
@@ -91,7 +98,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     if chunks == 1:
         rows, rmask = _span(pl.program_id(0) * br, br, m)
-        w = weight(*_span(0, bc, n)) if low else None  # loaded first: its latency hides behind the row's
+        w = weight(*_span(0, bc, n)) if low and bc <= WEIGHT_FIRST_MAX_COLS else None
         h32 = row(fetch(rows, rmask, 0))
         rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
         emit(rows, rmask, 0, h32, rstd, w)
