@@ -14,8 +14,8 @@ from . import backend
 from .pallas_config import cdiv, reduce_tile
 from .tiles import F32, _span, _tile
 
-# REDUCE_COLS columns per program of
-# REDUCE_WARPS warps; lane r of a (REDUCE_ROWS, REDUCE_COLS) tile adds partial rows r, r + REDUCE_ROWS, ... in order,
+# REDUCE_COLS columns per program of REDUCE_WARPS warps; lane r of a (REDUCE_ROWS, REDUCE_COLS) tile adds partial
+# rows r, r + REDUCE_ROWS, ... in order,
 # REDUCE_UNROLL tiles loaded before their adds, then the lanes are summed (a fixed order: the same bits every run,
 # as the main kernels' own sums over a block's rows). A chain of loads, so the rows in flight per step set its
 # speed. Thirteenth session: 1024 columns per program, one row at a time → 256 columns, 8 rows per step (the

@@ -205,11 +205,11 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
 
     dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use,
                tuple(jnp.zeros(c.shape, F32) for c, _ in spans))
-    for acc, (c, cm) in zip(dw, spans):
+    for acc, (c, cm) in zip(dw, spans) if need_dw else ():
         mask = jnp.full(c.shape, True) if cm is None else cm
-        if need_dw and len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
+        if len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
             backend.store(dwp_ref.at[c], acc.astype(dwp_ref.dtype), mask)
-        elif need_dw:
+        else:
             backend.store(dwp_ref.at[pid, c], acc, mask)
 
 
