@@ -20,10 +20,10 @@ from .tiles import F32, _span, _tile
 # flight per step set its speed. Thirteenth session: 1024 columns per program, one row at a time → 256 columns, 8 rows
 # per step (the persistent grid's 132 partial rows 25-28 → 5 µs, bench/results/dweight_reduce_h100.md). Fourteenth
 # session (H100, kernels timed from JAX, bench/results/dweight_reduce_h100.md): these tiles, 256 rows per step in
-# 32-column programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column: 2.3,
-# 6-9, 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a band
-# grid's row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5 → 2.7
-# µs. Sixteenth session: REDUCE_COLS is the most; short rows take fewer, about one program per SM
+# 32-column programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column:
+# 2.3, 6-9, 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a
+# band grid's row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5
+# → 2.7 µs. Sixteenth session: REDUCE_COLS is the most; short rows take fewer, about one program per SM
 # (pallas_config.reduce_cols, inside reduce_tile: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
 REDUCE_ROWS = 32
 REDUCE_COLS = 32
