@@ -22,7 +22,7 @@ from . import backend, rowmath, triton_ffi
 from .dweight import reduce_dweight
 from .pallas_config import Config, cdiv, pieces_of
 from .rounding import rounder
-from .tiles import F32, _rstd, _span, _tile, _tile_mask, _weight
+from .tiles import F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight
 
 
 def _spans(config: Config, n: int, chunk) -> list:
@@ -33,7 +33,7 @@ def _spans(config: Config, n: int, chunk) -> list:
         return [_span(chunk * config.block_cols, config.block_cols, n)]
     spans, start = [], 0
     for size in pieces_of(n):
-        spans.append((start + jnp.arange(size, dtype=jnp.int32), None))
+        spans.append((_span(start, size, n)[0], None))
         start += size
     return spans
 
@@ -61,8 +61,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     rstd_ref = refs.pop(0)
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
-    # y's product in the input dtype where exact, the weight loaded first (H100, bf16, from JAX, XLA's launch;
-    # probes_h100_2026-11-26_twentyfirst.md): 4096×5120 2.73 → 2.80 TB/s, 4096×1024 2.34 → 2.38, 32768×16384 2.91 → 2.99
+    # y's product in the input dtype where exact (probes_h100_2026-11-26_twentyfirst.md §4: 4096×5120 2.73 → 2.80 TB/s)
     low = w_ref is not None and rowmath.output_in_dtype(casting, offset, jnp.dtype(w_ref.dtype) == jnp.dtype(dt),
                                                         jnp.dtype(dt).itemsize < 4)
 
@@ -206,7 +205,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use,
                tuple(jnp.zeros(c.shape, F32) for c, _ in spans))
     for acc, (c, cm) in zip(dw, spans) if need_dw else ():
-        mask = jnp.full(c.shape, True) if cm is None else cm
+        mask = _col_mask(c, cm)
         if len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
             backend.store(dwp_ref.at[c], acc.astype(dwp_ref.dtype), mask)
         else:

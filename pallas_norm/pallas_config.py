@@ -294,15 +294,15 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
-    if n in BWD_PIECES:
-        warps, per_sm, prefetch = BWD_PIECES[n]
-        programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
-        return fit(Config(1, n_pad, warps, programs=programs, prefetch=prefetch, pieces=True), m, n, backward=True)
-    elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
-    block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
+    pieces = n in BWD_PIECES
+    if pieces:
+        (warps, per_sm, prefetch), block_rows, reload_weight = BWD_PIECES[n], 1, False
+    else:
+        elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
+        block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
-    return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight),
-               m, n, backward=True)
+    return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight,
+                      pieces=pieces), m, n, backward=True)
 
 
 def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None) -> Config | None:

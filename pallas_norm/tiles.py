@@ -18,6 +18,11 @@ def _span(start, size: int, limit: int):
     return idx, idx < limit
 
 
+def _col_mask(cols, cmask):
+    """``cmask``, or where it is None (every column is in the row) all true."""
+    return jnp.full(cols.shape, True) if cmask is None else cmask
+
+
 def _tile_mask(rmask, cols, cmask):
     """The mask of an ``(rows, cols)`` tile; ``cmask`` None: every column is in the row (no column test)."""
     if cmask is None:
@@ -34,7 +39,7 @@ def _tile(ref, rows, rmask, cols, cmask, dtype=F32):
 def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
     if w_ref is None:
         return None
-    w32 = backend.load(w_ref.at[cols], jnp.full(cols.shape, True) if cmask is None else cmask).astype(F32)
+    w32 = backend.load(w_ref.at[cols], _col_mask(cols, cmask)).astype(F32)
     return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
 
 
