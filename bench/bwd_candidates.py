@@ -1,13 +1,14 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces] | --triton]``: the resident backward's
-heuristic against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries launched
-by torch (``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with each main
-kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and its
-shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces] | --triton [--pieces]]``: the resident
+backward's heuristic against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries
+launched by torch (``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with
+each main kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and
+its shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
 per-head candidates; ``--pieces``: rows held as their power-of-two pieces (``Config.pieces``); ``--triton``: the
-Triton reference's backward instead. Prints one line per (shape, op, config); the committed tables are
-bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events, before this timer),
-sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md, bwd_pieces_h100.md and triton_bwd_tiles_h100.md. Candidates:
-(elements per program, warps, programs per SM, prefetch).
+Triton reference's backward instead (with ``--pieces``: its pieces, ``triton_config.Config.pieces``). Prints one line
+per (shape, op, config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events,
+before this timer), sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md, bwd_pieces_h100.md,
+triton_bwd_tiles_h100.md and triton_bwd_pieces_h100.md. Candidates: (elements per program, warps, programs per SM,
+prefetch).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ HEAD_CANDIDATES = [(4096, 4, 4, False), (8192, 8, 2, False), (8192, 8, 4, False)
 # ``--pieces``: one row per program held as its power-of-two pieces, (warps, programs per SM, prefetch)
 # (bench/results/bwd_pieces_h100.md).
 PIECE_CANDIDATES = [(4, 4, False), (4, 2, True), (4, 2, False), (4, 3, False), (8, 2, True), (8, 1, True)]
+# ``--triton --pieces``: the Triton reference's padded tile before it held rows as pieces (its BWD_PREFETCH_N rule: one
+# row of the padded length, 8 warps at 4096 columns, 16 at 8192; 2 programs per SM at 4096, 1 at 8192).
+TRITON_PADDED = [(4096, 8, 2, True), (8192, 16, 1, True)]
+TRITON_PIECES_MORE = [(4, 4, True), (8, 2, False), (8, 4, False)]  # beside PIECE_CANDIDATES
 
 
 def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> list[Config | None]:
@@ -49,7 +54,7 @@ def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> li
 def _piece_candidates(n: int, sms: int) -> list[Config | None]:
     """The heuristic (None) and ``PIECE_CANDIDATES``."""
     return [None] + [Config(1, next_pow2(n), warps, programs=per_sm * sms, prefetch=pf, pieces=True)
-                     for warps, per_sm, pf in PIECE_CANDIDATES]
+                     for warps, per_sm, pf in PIECE_CANDIDATES + TRITON_PIECES_MORE]
 
 
 def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
@@ -78,19 +83,33 @@ def run(shapes: list[tuple[int, int]]) -> None:
         torch.cuda.empty_cache()
 
 
-def run_triton(shapes: list[tuple[int, int]]) -> None:
+def _triton_candidates(n: int, pieces: bool) -> list:
+    """The Triton reference's heuristic (first), then ``TRITON_CANDIDATES``; with ``pieces`` the padded tile of
+    ``TRITON_PADDED`` and ``PIECE_CANDIDATES`` held as pieces (``triton_config.Config.pieces``)."""
+    from torch_bridge import triton_config
+
+    n_pad = next_pow2(n)
+    if pieces:
+        return [triton_config.backward_config(n, backend.num_sms())] + [
+            triton_config.Config(max(1, e // n_pad), n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
+            for e, warps, per_sm, pf in TRITON_PADDED if e == n_pad] + [
+            triton_config.Config(1, n_pad, warps, programs_per_sm=per_sm, prefetch=pf, pieces=True)
+            for warps, per_sm, pf in PIECE_CANDIDATES + TRITON_PIECES_MORE]
+    return [triton_config.backward_config(n, backend.num_sms())] + [
+        triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
+        for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+
+
+def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
     """The Triton reference's backward (``triton_kernels.rms_norm_bwd``), plain and fused add (with ``dh_out``), under
-    its heuristic (first) and ``TRITON_CANDIDATES``, launched by torch and timed the same way."""
-    from torch_bridge import triton_config, triton_kernels
+    ``_triton_candidates``, launched by torch and timed the same way."""
+    from torch_bridge import triton_kernels
 
     for m, n in shapes:
         x, w, dy = timing.inputs(m, n, torch.bfloat16, 0.0)
         dh = timing.inputs(m, n, torch.bfloat16, 0.0, seed=3)[2]
         rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, "llama")[1]
-        n_pad, sms = next_pow2(n), backend.num_sms()
-        configs = [triton_config.backward_config(n, sms)] + [
-            triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
-            for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+        configs = _triton_candidates(n, pieces)
         sets = timing.input_sets((x, w, dy, rstd, dh))  # the plain backward ignores dh
         for fused in (False, True):
             for k, cfg in enumerate(configs):
@@ -147,6 +166,6 @@ if __name__ == "__main__":
         flags = sys.argv[2:]
         run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else None if "--pieces" in flags else JAX_CANDIDATES)
     elif "--triton" in sys.argv[2:]:
-        run_triton(parsed)
+        run_triton(parsed, "--pieces" in sys.argv[2:])
     else:
         run(parsed)

@@ -94,9 +94,12 @@ def as_numpy(t):
     return None if t is None else (to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t))
 
 
-def judge(x, w, dy, outputs, *, eps=1e-6, offset=0.0, casting="llama", baseline=None, **failures_kw) -> list[str]:
-    """``accuracy.reference(...).failures`` of ``outputs`` (torch, JAX or NumPy) for inputs of either stack."""
-    ref = accuracy.reference(as_numpy(x), as_numpy(w), as_numpy(dy), eps=eps, offset=offset, casting=casting)
+def judge(x, w, dy, outputs, *, eps=1e-6, offset=0.0, casting="llama", baseline=None, dh_out=None,
+          **failures_kw) -> list[str]:
+    """``accuracy.reference(...).failures`` of ``outputs`` (torch, JAX or NumPy) for inputs of either stack (with
+    ``dh_out``: the fused add's backward, dx = r(dx_norm + dh_out))."""
+    ref = accuracy.reference(as_numpy(x), as_numpy(w), as_numpy(dy), eps=eps, offset=offset, casting=casting,
+                             dh_out=as_numpy(dh_out))
     baseline = None if baseline is None else [as_numpy(t) for t in baseline]
     return ref.failures("", [as_numpy(o) for o in outputs], baseline=baseline, **failures_kw)
 

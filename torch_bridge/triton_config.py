@@ -46,6 +46,15 @@ BWD_PREFETCH_N = (512, 8192)
 # 2.71 / 2.83 → 2.75 / 2.88, 65536×1024 2.84 / 2.94 → 2.86 / 2.96; at 2048 8 warps stay faster (4096×2048 2.34 / 2.45
 # against 2.28 / 2.42).
 BWD_FEW_WARPS_MAX_N = 1024
+# The resident backward of rows of these widths holds them as their two power-of-two pieces (``Config.pieces``,
+# ``triton_pieces``; 2304 = 2048 + 256 instead of 4096 with 1792 masked lanes) in programs of one row: (warps, programs
+# per SM, prefetch); the Pallas kernels' widths (pallas_config.BWD_PIECES), each with the tile fastest for the plain
+# and the fused add's backward together (one tile: the fused add's dweight is the plain one's bits). Twenty-second
+# session (H100, bf16, kernels timed over rotated inputs, `python -m bench.bwd_candidates ... --triton --pieces`,
+# bench/results/triton_bwd_pieces_h100.md), plain / fused add TB/s against the padded tile: 32768×2304 2.49 / 2.63 →
+# 2.78 / 2.82, 4096×2304 2.08 / 2.27 → 2.13 / 2.31; 32768×2560 2.57 / 2.76 → 2.83 / 2.91, 4096×2560 2.17 / 2.40 →
+# 2.24 / 2.44; 32768×5120 2.61 / 2.75 → 2.83 / 2.95, 4096×5120 2.33 / 2.52 → 2.39 / 2.62.
+BWD_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
@@ -77,7 +86,8 @@ class Config:
     is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column
     bands of ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
     ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch``
-    (the resident backward): the next row block is loaded before the current one's math."""
+    (the resident backward): the next row block is loaded before the current one's math. ``pieces`` (the resident
+    backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded."""
 
     block_m: int
     block_n: int
@@ -89,6 +99,7 @@ class Config:
     lag: int = 0
     groups: int = 1
     prefetch: bool = False
+    pieces: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -103,8 +114,9 @@ class Config:
             raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
             raise ValueError(f"groups must be an int >= 1, got {self.groups!r}")
-        if not isinstance(self.prefetch, bool):
-            raise ValueError(f"prefetch must be a bool, got {self.prefetch!r}")
+        for flag in ("prefetch", "pieces"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -149,12 +161,15 @@ def chunked_forward_config() -> Config:
 
 @functools.cache
 def backward_config(n: int, sms: int = 132) -> Config:
-    """One warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to ``BWD_FEW_WARPS_MAX_N``
-    columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of ``BWD_CHUNK_N`` after a
-    row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the
+    """``BWD_PIECES``' widths held as their pieces; one warp per 512 tile elements (x, dy and a dweight partial are
+    live; per 1024 up to ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long
+    rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the
     launcher uses them for float32 compute only)."""
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
+    if n in BWD_PIECES:
+        warps, per_sm, prefetch = BWD_PIECES[n]
+        return Config(1, next_pow2(n), warps, programs_per_sm=per_sm, prefetch=prefetch, pieces=True)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
         block_m = max(1, min(64, TILE_ELEMS // block_n))

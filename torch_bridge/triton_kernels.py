@@ -20,7 +20,7 @@ import triton.language as tl
 
 from pallas_norm import rowmath
 from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
-from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch
+from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
                                          _to_dt, _w_eff)
@@ -226,6 +226,8 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     ``y`` (``h_dtype`` too) its norm."""
     M, N = custom_ops.rows(x)
     cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x))
+    if cfg.pieces:
+        raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     if rstd is None:
@@ -258,8 +260,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     """Backward of contiguous ``x``/``dy`` (M >= 1 rows): ``(dx`` or None, ``dweight`` or None).
 
     dx is a new buffer (dy is only read); dweight is the fixed-order sum of float32 per-program partials (on
-    column bands, ``cfg.lag``: each band's sum over rows, stored by its program). With ``dh_out`` (the fused add's
-    backward, ``x`` being ``h``): ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
+    column bands, ``cfg.lag``: each band's sum over rows, stored by its program). ``cfg.pieces``: rows held as their
+    two power-of-two pieces (``triton_pieces``). With ``dh_out`` (the fused add's backward, ``x`` being ``h``):
+    ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x))
@@ -268,6 +271,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
                                          dh_out=dh_out)
         cfg = triton_config.chunked_backward_config()  # float64: its partial sums do not fit the 32-bit slots
+    pieces = triton_pieces.two_pieces(N) if cfg.pieces else None
+    if pieces and cfg.chunked(N):
+        raise ValueError(f"pieces is an option of the backward of rows held whole (block_n >= {N}), got {cfg}")
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x) if need_dx else None
     cdt = custom_ops.rstd_dtype(x)
@@ -291,10 +297,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
-    triton_launch.launch(("bwd", need_dx, need_dweight, *key), _bwd_kernel, (g, n_chunks),
+    tile = dict(P0=pieces[0], P1=pieces[1]) if pieces else dict(BLOCK_N=cfg.block_n, SINGLE=not chunked)
+    triton_launch.launch(("bwd", need_dx, need_dweight, *key), triton_pieces.bwd_pieces_kernel if pieces else
+                         _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
                           cdiv(row_blocks, g), offset),
-                         lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE=not chunked,
+                         lambda: dict(BLOCK_M=cfg.block_m, **tile,
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
                                       HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
                                       CASTING=CASTING_CODES[casting],
