@@ -41,7 +41,7 @@ PIECE_CANDIDATES = [(4, 4, False), (4, 2, True), (4, 2, False), (4, 3, False), (
 # ``--triton --pieces``: the Triton reference's padded tile before it held rows as pieces (its BWD_PREFETCH_N rule: one
 # row of the padded length, 8 warps at 4096 columns, 16 at 8192; 2 programs per SM at 4096, 1 at 8192).
 TRITON_PADDED = [(4096, 8, 2, True), (8192, 16, 1, True)]
-TRITON_PIECES_MORE = [(4, 4, True), (8, 2, False), (8, 4, False)]  # beside PIECE_CANDIDATES
+PIECES_MORE = [(4, 4, True), (8, 2, False), (8, 4, False)]  # beside PIECE_CANDIDATES (twenty-second session)
 
 
 def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> list[Config | None]:
@@ -52,9 +52,9 @@ def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> li
 
 
 def _piece_candidates(n: int, sms: int) -> list[Config | None]:
-    """The heuristic (None) and ``PIECE_CANDIDATES``."""
+    """The heuristic (None), ``PIECE_CANDIDATES`` and ``PIECES_MORE``."""
     return [None] + [Config(1, next_pow2(n), warps, programs=per_sm * sms, prefetch=pf, pieces=True)
-                     for warps, per_sm, pf in PIECE_CANDIDATES + TRITON_PIECES_MORE]
+                     for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE]
 
 
 def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
@@ -94,7 +94,7 @@ def _triton_candidates(n: int, pieces: bool) -> list:
             triton_config.Config(max(1, e // n_pad), n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
             for e, warps, per_sm, pf in TRITON_PADDED if e == n_pad] + [
             triton_config.Config(1, n_pad, warps, programs_per_sm=per_sm, prefetch=pf, pieces=True)
-            for warps, per_sm, pf in PIECE_CANDIDATES + TRITON_PIECES_MORE]
+            for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE]
     return [triton_config.backward_config(n, backend.num_sms())] + [
         triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
         for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
