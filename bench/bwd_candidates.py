@@ -1,9 +1,10 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces] | --triton [--pieces]]``: the resident
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces | --ffi] | --triton [--pieces]]``: the resident
 backward's heuristic against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries
 launched by torch (``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with
 each main kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and
 its shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
-per-head candidates; ``--pieces``: rows held as their power-of-two pieces (``Config.pieces``); ``--triton``: the
+per-head candidates; ``--pieces``: rows held as their power-of-two pieces (``Config.pieces``); ``--ffi``: the
+heuristic's config launched by XLA and by jaxlib's Triton call (``Config.ffi_launch``); ``--triton``: the
 Triton reference's backward instead (with ``--pieces``: its pieces, ``triton_config.Config.pieces``). Prints one line
 per (shape, op, config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events,
 before this timer), sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md, bwd_pieces_h100.md,
@@ -13,6 +14,7 @@ prefetch).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -123,8 +125,10 @@ def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool]] | None = JAX_CANDIDATES) -> None:
-    """The ``table``'s candidates (None: ``_piece_candidates``) and Mosaic GPU, timed through JAX
+def run_jax(shapes: list[tuple[int, int]],
+            table: list[tuple[int, int, int, bool]] | str | None = JAX_CANDIDATES) -> None:
+    """The ``table``'s candidates (None: ``_piece_candidates``; ``"ffi"``: the heuristic's config launched by XLA and
+    by jaxlib's Triton call, ``Config.ffi_launch``) and Mosaic GPU, timed through JAX
     (``timing.time_jax``) from ``timing.rotations`` sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx,
     dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh, dweight; dx and dresidual are the same values, one is kept
     as in ``bench fused``)."""
@@ -139,8 +143,13 @@ def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool
         w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
         sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
         for fused in (False, True):
-            configs = _piece_candidates(n, backend.num_sms()) if table is None else _candidates(n, backend.num_sms(),
-                                                                                                 table)
+            if table == "ffi":
+                heuristic = pallas_config.heuristic(m, n, backward=True)
+                configs = [None, dataclasses.replace(heuristic, ffi_launch=True)]
+            elif table is None:
+                configs = _piece_candidates(n, backend.num_sms())
+            else:
+                configs = _candidates(n, backend.num_sms(), table)
             for cfg in configs + ["mosaic"]:
                 kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
                                                                                        bwd_config=cfg)
@@ -164,7 +173,8 @@ if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
     if "--jax" in sys.argv[2:]:
         flags = sys.argv[2:]
-        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else None if "--pieces" in flags else JAX_CANDIDATES)
+        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else None if "--pieces" in flags else
+                "ffi" if "--ffi" in flags else JAX_CANDIDATES)
     elif "--triton" in sys.argv[2:]:
         run_triton(parsed, "--pieces" in sys.argv[2:])
     else:

@@ -291,10 +291,10 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     row_args = (dy, dh_out) if fused else (dy,)
     prefix = "pallas_norm_add_bwd" if fused else "pallas_norm_bwd"
     if config.resident(n):
-        outs = pl.pallas_call(
-            bwd, out_shape=tuple(out_shape), grid=(config.programs,), compiler_params=params,
-            interpret=interpret, name=prefix,
-        )(x, *w_args, *row_args, rstd)
+        call = pl.pallas_call(bwd, out_shape=tuple(out_shape), grid=(config.programs,), compiler_params=params,
+                              interpret=interpret, name=prefix)
+        args = (x, *w_args, *row_args, rstd)
+        outs = triton_ffi.launch(call, args, tuple(out_shape)) if config.ffi_launch and not interpret else call(*args)
     else:
         sum_gx = pl.pallas_call(
             functools.partial(_bwd_rowsum_kernel, **statics),

@@ -54,6 +54,16 @@ FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 163
 # (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
 # probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
 FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
+# The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
+# of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
+# BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...
+# --jax --ffi`, probes_h100_2026-11-26_twentysecond.md §3), plain / fused add TB/s, XLA's launch → jaxlib's: 4096×2048
+# 2.33 / 2.47 → 2.38 / 2.55, 32768×2048 2.88 / 2.93 → 2.86 / 3.00, 4096×3584 2.46 / 2.64 → 2.54 / 2.72, 32768×3584
+# 2.80 / 2.92 → 2.91 / 3.01, 4096×4096 2.56 / 2.69 → 2.62 / 2.77, 32768×4096 2.87 / 2.94 → 2.91 / 3.03, 4096×8192
+# 2.70 / 2.72 → 2.75 / 2.86, 32768×8192 2.89 / 2.89 → 2.93 / 3.03. Not at 1024 (4096 rows 2.00 / 2.16 → 1.97 / 2.24,
+# 32768 rows 2.77 / 2.85 → 2.72 / 2.89) nor for the pieces (32768×2304's fused add 2.85 → 2.19, 32768×5120 2.78 /
+# 2.80 → 2.62 / 2.79: the triton package compiles them otherwise).
+BWD_FFI_RESIDENT = frozenset({2048, 4096, 8192})
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
@@ -181,7 +191,17 @@ def full_row(n: int) -> bool:
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
-    if not (full_row(n) and next_pow2(n) in FWD_FFI_RESIDENT):
+    return _ffi(n, FWD_FFI_RESIDENT)
+
+
+def ffi_backward(n: int) -> bool:
+    """Whether the resident backward (plain or fused add) of rows of ``n`` columns is launched by jaxlib's Triton call
+    (``BWD_FFI_RESIDENT``: full rows of those padded lengths not held as pieces, where ``triton_ffi.available()``)."""
+    return n not in BWD_PIECES and _ffi(n, BWD_FFI_RESIDENT)
+
+
+def _ffi(n: int, padded_lengths) -> bool:
+    if not (full_row(n) and next_pow2(n) in padded_lengths):
         return False
     from . import triton_ffi
 
@@ -232,8 +252,8 @@ class Config:
     (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
     at once to run at speed; ``carry`` (bands): the last ``lag`` blocks' tiles stay in registers until they are
     finished instead of being loaded again (from L1 or L2: no second read, more live registers); ``ffi_launch``
-    (the resident forward): compiled by the ``triton`` package and launched by jaxlib's Triton call instead of by
-    XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter).
+    (the resident forward and backward): compiled by the ``triton`` package and launched by jaxlib's Triton call
+    instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter).
     """
 
     block_rows: int
@@ -302,7 +322,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight,
-                      pieces=pieces), m, n, backward=True)
+                      pieces=pieces, ffi_launch=ffi_backward(n)), m, n, backward=True)
 
 
 def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None) -> Config | None:
@@ -349,9 +369,10 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = 
     a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
     if config is None:
         return heuristic(m, n, backward=backward, fused=fused)
-    if config.ffi_launch and (backward or config.lag):
-        raise ValueError(f"ffi_launch is a forward option of rows without bands (lag=0), got {config} for the "
-                         f"{'backward' if backward else 'forward'}")
+    if config.ffi_launch and (config.lag or (backward and next_pow2(n) > config.block_cols)):
+        raise ValueError(f"ffi_launch is an option of the forward of rows without bands (lag=0) and of the backward "
+                         f"of rows held whole (block_cols >= the padded row, {next_pow2(n)} here), got {config} for "
+                         f"the {'backward' if backward else 'forward'}")
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
     if config.pieces and not (backward and chunks == 1):

@@ -1,6 +1,6 @@
-"""The resident forward launched by jaxlib's Triton call (``pallas_norm.triton_ffi``, ``Config.ffi_launch``): where
-the heuristics take it, the pinned rounding that keeps its bits assembler-independent, and on a GPU its results,
-its use by ``impl=None`` and the torch launch route's bits."""
+"""The resident forward and backward launched by jaxlib's Triton call (``pallas_norm.triton_ffi``,
+``Config.ffi_launch``): where the heuristics take it, the pinned rounding that keeps its bits assembler-independent,
+and on a GPU its results, its use by ``impl=None`` and the torch launch route's bits."""
 
 from __future__ import annotations
 
@@ -85,19 +85,39 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
             assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, ffi_launch=True)
     for n in (4096, 5120, 2048, 1024):  # shorter full rows and padded ones stay XLA-launched
         assert not pallas_config.heuristic(4096, n, backward=False).ffi_launch
-    assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch
+    assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch  # column bands
 
 
-def test_ffi_launch_is_a_forward_option_and_the_interpreter_ignores_it():
+def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
+    """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (2048, 4096, 8192: 3584 fills 7/8
+    of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; 1024, the pieces (2304, 5120), padded rows (3000 of
+    4096) and column bands stay XLA-launched; nothing without ``available()``."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    widths = (2048, 3584, 4096, 8192, 1024, 2304, 5120, 3000, 16384)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    xla = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
+    assert not any(c.ffi_launch for c in xla.values())
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
+    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {2048, 3584, 4096, 8192}
+    assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths)
+
+
+def test_ffi_launch_needs_rows_held_whole_and_the_interpreter_ignores_it():
+    """Refused for a backward walking column chunks and for column bands; under the interpreter the forward's and
+    the backward's results are the XLA-launched config's bits."""
     for bad, backward in ((Config(1, 1024, 4, ffi_launch=True), True),
                           (Config(1, 1024, 1, lag=2, ffi_launch=True), False)):
         with pytest.raises(ValueError, match="ffi_launch"):
             pallas_config.fit(bad, 8, 4096, backward=backward)
     with pytest.raises(ValueError, match="ffi_launch"):
         Config(1, 1024, 4, ffi_launch=1)
-    x, w, _ = jax_inputs((5, 384), jnp.bfloat16, seed=3)
-    ys = [pn.rms_norm(x, w, impl="interpret", config=Config(8, 512, 4, ffi_launch=f)) for f in (False, True)]
-    np.testing.assert_array_equal(bits(ys[0]), bits(ys[1]))
+    x, w, dy = jax_inputs((5, 384), jnp.bfloat16, seed=3)
+    runs = [jax.vjp(lambda a, b, f=f: pn.rms_norm(a, b, impl="interpret", config=Config(8, 512, 4, ffi_launch=f),
+                                                  bwd_config=Config(2, 512, 4, programs=2, ffi_launch=f)), x, w)
+            for f in (False, True)]
+    for a, b in zip((runs[0][0], *runs[0][1](dy)), (runs[1][0], *runs[1][1](dy))):
+        np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def test_launch_refuses_without_the_pieces(monkeypatch):
@@ -124,6 +144,49 @@ def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shap
     text = jax.jit(lambda a, b: pn.rms_norm(a, b, offset=offset, casting=casting)).lower(x, w).as_text()
     assert triton_ffi.FFI_TARGET in text and triton_ffi.XLA_TRITON_TARGET not in text
     check_jax(x, w, dy, impl=None, eps=1e-6, offset=offset, casting=casting)
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("shape,dtype,casting,offset", [((4099, 4096), jnp.bfloat16, "llama", 0.0),
+                                                        ((1000, 3584), jnp.float16, "gemma", 1.0),
+                                                        ((300, 8192), jnp.float32, "none", 0.0),
+                                                        ((5000, 2048), jnp.bfloat16, "gemma", 1.0)], ids=str)
+def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
+    """``impl=None``'s backward at ``BWD_FFI_RESIDENT``'s widths holds the jaxlib call, meets the accuracy rule, and
+    the fused add's dweight is ``rms_norm(h)``'s bits (both launched the same way)."""
+    assert pallas_config.heuristic(*shape, backward=True).ffi_launch
+    x, w, dy = jax_inputs(shape, dtype, offset, seed=9, weight_dtype=jnp.float32)
+    mode = dict(eps=1e-6, offset=offset, casting=casting)
+    bwd = jax.jit(lambda a, b, c: jax.vjp(lambda a, b: pn.rms_norm(a, b, **mode), a, b)[1](c))
+    assert triton_ffi.FFI_TARGET in bwd.lower(x, w, dy).as_text()
+    check_jax(x, w, dy, impl=None, **mode)
+    r, _, dh = jax_inputs(shape, dtype, offset, seed=10)
+    h = pn.rms_norm_add(x, r, w, **mode)[1]
+    fused = jax.vjp(lambda b: pn.rms_norm_add(x, r, b, **mode), w)[1]((dy, dh))[0]
+    np.testing.assert_array_equal(bits(fused), bits(bwd(h, w, dy)[1]))
+
+
+@gpu
+@hopper
+def test_gpu_torch_launch_route_backward_gives_jax_bits():
+    """``backend="pallas"``'s backward on CUDA tensors launches the jaxlib-launched kernel's PTX: JAX's dx and dweight
+    bits, call after call; the XLA-launched kernel of the same tile agrees within a rounding of dx."""
+    import torch_bridge
+    from torch_bridge.numpy_io import autograd_outputs
+
+    for shape in ((4096, 4096), (999, 8192), (257, 2048)):
+        x, w, dy = torch_inputs(shape, torch.bfloat16, seed=6)
+        xj, wj, dyj = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
+        dx_jax, dw_jax = jax.vjp(pn.rms_norm, xj, wj)[1](dyj)
+        for _ in range(3):
+            _, dx, dw = autograd_outputs(lambda a, b: torch_bridge.rms_norm(a, b, backend="pallas"), x, w, dy)
+            np.testing.assert_array_equal(bits(dx), bits(dx_jax))
+            np.testing.assert_array_equal(bits(dw), bits(dw_jax))
+        cfg = dataclasses.replace(pallas_config.heuristic(*shape, backward=True), ffi_launch=False)
+        dx_xla = jax.vjp(lambda a, b: pn.rms_norm(a, b, impl="pallas", bwd_config=cfg), xj, wj)[1](dyj)[0]
+        diff = np.abs(np.asarray(dx_xla, np.float32) - np.asarray(dx_jax, np.float32))
+        assert diff.max() <= 2.0 ** -7 * np.abs(np.asarray(dx_jax, np.float32)).max()
 
 
 @gpu
