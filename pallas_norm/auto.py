@@ -69,6 +69,11 @@ TB/s) it beats Mosaic GPU at 2304 (32768 rows 2.72 / 2.85 against 2.64 / 2.83; 4
 2.27), ties or loses at 2560 (2.63 / 2.82 against 2.67 / 2.86) and 5120 (32768 rows 2.76 / 2.80 against 2.74 / 2.88;
 4096 rows 2.38 / 2.51 against 2.39 / 2.52): so the backward of rows of ``TRITON_BWD_PIECES`` columns takes the
 Triton lowering.
+
+Twenty-second session: the Triton lowering's resident backward of full rows of 2048, 4096 and 8192 padded columns is
+launched by jaxlib's Triton call where ``triton_ffi`` is available (``pallas_config.BWD_FFI_RESIDENT``), which widens
+its lead over Mosaic GPU there (32768×4096 plain / fused 2.91 / 3.03 against 2.72 / 2.89, 32768×8192 2.93 / 3.03
+against 2.85 / 2.94; ``bench/results/probes_h100_2026-11-26_twentysecond.md`` §3): no change of lowering.
 """
 
 from __future__ import annotations
