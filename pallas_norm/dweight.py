@@ -1,6 +1,7 @@
 """The Triton lowering's dweight reduction: the persistent backward's float32 partial rows (one per program; a band
 grid's one per row group) summed into ``dweight`` in one fixed order, no atomics, so ``dweight`` is bitwise
-reproducible (Mosaic GPU has its own, ``mosaic_kernels``)."""
+reproducible (Mosaic GPU has its own, ``mosaic_kernels``); and the reduction's tile (``reduce_tile``), which the
+Triton reference's reduction (``torch_bridge.triton_dweight``) shares."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from . import backend
-from .pallas_config import cdiv, reduce_tile
+from .pallas_config import cdiv, next_pow2
 from .tiles import F32, _span, _tile
 
 # REDUCE_COLS columns per program of REDUCE_WARPS warps; lane r of a (REDUCE_ROWS, REDUCE_COLS) tile adds partial rows
@@ -22,14 +23,39 @@ from .tiles import F32, _span, _tile
 # session (H100, kernels timed from JAX, bench/results/dweight_reduce_h100.md): these tiles, 256 rows per step in
 # 32-column programs: 132 partial rows 5.4 → 1.4-1.6 µs, 528 rows 2.3-3.4, 1056 rows 3.7-9.6 (one lane per column:
 # 2.3, 6-9, 11-23); so the resident backward's grid could grow (pallas_config.BWD_RESIDENT). Fewer partial rows (a
-# band grid's row groups) take fewer lanes and wider tiles (pallas_config.reduce_tile): 4 rows of 262144 columns 12.5
+# band grid's row groups) take fewer lanes and wider tiles (reduce_tile): 4 rows of 262144 columns 12.5
 # → 2.7 µs. Sixteenth session: REDUCE_COLS is the most; short rows take fewer, about one program per SM
-# (pallas_config.reduce_cols, inside reduce_tile: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
+# (reduce_cols, inside reduce_tile: 528 partial rows of 1024 columns 2.7 → 2.1 µs).
 REDUCE_ROWS = 32
 REDUCE_COLS = 32
 REDUCE_UNROLL = 8
 REDUCE_WARPS = 8
-REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (pallas_config.reduce_tile)
+REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (reduce_tile)
+# The dweight reductions' columns per program, at least (``reduce_cols``): 8 float32 columns are one 32-byte sector
+# of a partial row. Sixteenth session (H100, bf16, the reduction's duration inside impl=None's backward, kernels
+# timed from JAX; bench/results/dweight_reduce_h100.md): the Triton lowering's 32-column programs left most SMs idle
+# where rows are short and partial rows many; about one program per SM instead: 528 partial rows of 1024 columns
+# (the resident grid of 4 programs per SM) 2.66 → 2.10 µs, 4096×1024 backward 1.90 → 1.99 TB/s; 264 of 2048 2.22 →
+# 2.06; 132 of 3584-8192 columns keep 32 (16 was 0.1-0.2 µs slower there).
+REDUCE_MIN_COLS = 8
+
+
+def reduce_cols(n: int, cols: int, sms: int) -> int:
+    """Columns per program of a dweight reduction over partial rows of ``n`` columns on a GPU of ``sms`` SMs: ``cols``
+    at most, fewer (down to ``REDUCE_MIN_COLS``) where that many would leave SMs without a program (both stacks'
+    reductions). The partial rows each lane adds do not depend on it; the lanes' final sum follows the tile's layout,
+    fixed per shape (the same bits on every call)."""
+    return min(cols, max(REDUCE_MIN_COLS, next_pow2(cdiv(n, sms))))
+
+
+def reduce_tile(parts: int, n: int, sms: int, rows: int, cols: int, max_cols: int) -> tuple[int, int]:
+    """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows of ``n`` columns on a GPU of
+    ``sms`` SMs (both stacks' reductions): up to ``rows`` lanes, fewer for fewer partial rows (the next power of
+    two), and then wider, keeping ``rows·c`` elements per tile up to ``max_cols`` columns, where ``c`` is
+    ``reduce_cols(n, cols, sms)`` (a band grid's handful of partial rows over 262144 columns would otherwise launch
+    thousands of programs loading mostly masked tiles)."""
+    lanes = min(rows, next_pow2(max(parts, 1)))
+    return lanes, min(max_cols, rows * reduce_cols(n, cols, sms) // lanes)
 
 
 def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int, lanes: int, cols: int):

@@ -160,13 +160,6 @@ BANDS_SPARE = 32
 BANDS_MAX_PER_SM = 4
 BANDS = (1024, 1, 1, 2, True, 8)
 FWD_BANDS = (1024, 1, 1, 2, True, 16)
-# The dweight reductions' columns per program, at least (``reduce_cols``): 8 float32 columns are one 32-byte sector
-# of a partial row. Sixteenth session (H100, bf16, the reduction's duration inside impl=None's backward, kernels
-# timed from JAX; bench/results/dweight_reduce_h100.md): the Triton lowering's 32-column programs left most SMs idle
-# where rows are short and partial rows many; about one program per SM instead: 528 partial rows of 1024 columns
-# (the resident grid of 4 programs per SM) 2.66 → 2.10 µs, 4096×1024 backward 1.90 → 1.99 TB/s; 264 of 2048 2.22 →
-# 2.06; 132 of 3584-8192 columns keep 32 (16 was 0.1-0.2 µs slower there).
-REDUCE_MIN_COLS = 8
 
 
 def next_pow2(v: int) -> int:
@@ -211,24 +204,6 @@ def _ffi(n: int, padded_lengths) -> bool:
 def one_program(m: int, n: int) -> bool:
     """Whether an ``(m, n)`` backward is small enough for one program (``ONE_PROGRAM_ELEMS``)."""
     return m * n <= ONE_PROGRAM_ELEMS
-
-
-def reduce_cols(n: int, cols: int, sms: int) -> int:
-    """Columns per program of a dweight reduction over partial rows of ``n`` columns on a GPU of ``sms`` SMs: ``cols``
-    at most, fewer (down to ``REDUCE_MIN_COLS``) where that many would leave SMs without a program (both stacks'
-    reductions). The partial rows each lane adds do not depend on it; the lanes' final sum follows the tile's layout,
-    fixed per shape (the same bits on every call)."""
-    return min(cols, max(REDUCE_MIN_COLS, next_pow2(cdiv(n, sms))))
-
-
-def reduce_tile(parts: int, n: int, sms: int, rows: int, cols: int, max_cols: int) -> tuple[int, int]:
-    """``(lanes, columns)`` of a dweight reduction's tile for ``parts`` partial rows of ``n`` columns on a GPU of
-    ``sms`` SMs (both stacks' reductions): up to ``rows`` lanes, fewer for fewer partial rows (the next power of
-    two), and then wider, keeping ``rows·c`` elements per tile up to ``max_cols`` columns, where ``c`` is
-    ``reduce_cols(n, cols, sms)`` (a band grid's handful of partial rows over 262144 columns would otherwise launch
-    thousands of programs loading mostly masked tiles)."""
-    lanes = min(rows, next_pow2(max(parts, 1)))
-    return lanes, min(max_cols, rows * reduce_cols(n, cols, sms) // lanes)
 
 
 def _pow2(name: str, v: object, limit: int) -> None:

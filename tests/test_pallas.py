@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pallas_norm as pn
-from pallas_norm import pallas_config, triton_ffi
+from pallas_norm import dweight, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
 from helpers import GPU_KERNELS, JAX_DTYPES, KERNEL, ON_GPU, ON_HOPPER, check_jax, check_reduction_order, jax_inputs
@@ -170,7 +170,6 @@ def test_dweight_reduction_order(parts, n, monkeypatch):
     ``reduce_cols``). One lane (``REDUCE_ROWS = 1``): the bits of adding the rows one after another, p = 0, 1, ....
     Broken variants: a row left out (off by more than the rounding bound); the rows reversed (one lane: other
     bits)."""
-    from pallas_norm import dweight
 
     partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, n), jnp.float32) * 1e3)
     check_reduction_order(
@@ -179,12 +178,12 @@ def test_dweight_reduction_order(parts, n, monkeypatch):
 
 
 def test_reduce_cols():
-    """The dweight reductions' columns per program (``pallas_config.reduce_cols``): the narrowest power of two from
+    """The dweight reductions' columns per program (``dweight.reduce_cols``): the narrowest power of two from
     ``REDUCE_MIN_COLS`` that gives at most one program per SM, at most the kernel's width. On an H100's 132 SMs:
     8 columns at 1024 (528 partial rows: 128 programs instead of 32), 16 at 2048, the full 32 from 3584. Broken
     variant: the fixed width leaves SMs idle at 1024 columns."""
     def rule(n, cols, sms):
-        width = pallas_config.REDUCE_MIN_COLS
+        width = dweight.REDUCE_MIN_COLS
         while width < cols and -(-n // width) > sms:
             width *= 2
         return width
@@ -193,8 +192,8 @@ def test_reduce_cols():
         return all(fn(n, cols, sms) == rule(n, cols, sms) for sms in (8, 114, 132) for cols in (32, 64)
                    for n in (1, 12, 128, 1000, 1024, 1100, 2048, 2304, 3584, 4096, 16384, 262144))
 
-    assert follows_rule(pallas_config.reduce_cols)
-    assert [pallas_config.reduce_cols(n, 32, 132) for n in (128, 1024, 2048, 3584, 8192)] == [8, 8, 16, 32, 32]
+    assert follows_rule(dweight.reduce_cols)
+    assert [dweight.reduce_cols(n, 32, 132) for n in (128, 1024, 2048, 3584, 8192)] == [8, 8, 16, 32, 32]
     assert not follows_rule(lambda n, cols, sms: cols)  # the fixed width
 
 
