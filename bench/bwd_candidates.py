@@ -87,7 +87,7 @@ def run(shapes: list[tuple[int, int]]) -> None:
 
 def _triton_candidates(n: int, pieces: bool) -> list:
     """The Triton reference's heuristic (first), then ``TRITON_CANDIDATES``; with ``pieces`` the padded tile of
-    ``TRITON_PADDED`` and ``PIECE_CANDIDATES`` held as pieces (``triton_config.Config.pieces``)."""
+    ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces (``triton_config.Config.pieces``)."""
     from torch_bridge import triton_config
 
     n_pad = next_pow2(n)

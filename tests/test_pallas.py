@@ -170,7 +170,6 @@ def test_dweight_reduction_order(parts, n, monkeypatch):
     ``reduce_cols``). One lane (``REDUCE_ROWS = 1``): the bits of adding the rows one after another, p = 0, 1, ....
     Broken variants: a row left out (off by more than the rounding bound); the rows reversed (one lane: other
     bits)."""
-
     partials = np.asarray(jax.random.normal(jax.random.PRNGKey(parts), (parts, n), jnp.float32) * 1e3)
     check_reduction_order(
         lambda p: np.asarray(dweight.reduce_dweight(jnp.asarray(p), jnp.float32, interpret=not ON_GPU)), partials,

@@ -293,9 +293,9 @@ def test_torch_compile_fullgraph():
 def test_dweight_reduction_order(parts, n, monkeypatch):
     """The dweight reduction (``triton_dweight.reduce``) adds the float32 partial rows in one fixed order. Default
     tiles: the same bits on every call, within float32 rounding of the float64 sum (37, 300: ragged tiles, a ragged
-    last column tile; 12 columns: the narrowest tiles, ``pallas_norm.dweight.reduce_cols``). Tiles of one row: the bits of
-    adding the rows one after another, p = 0, 1, .... Broken variants: a row left out (off by more than the rounding
-    bound); the rows reversed (one row per tile: other bits)."""
+    last column tile; 12 columns: the narrowest tiles, ``pallas_norm.dweight.reduce_cols``). Tiles of one row: the
+    bits of adding the rows one after another, p = 0, 1, .... Broken variants: a row left out (off by more than the
+    rounding bound); the rows reversed (one row per tile: other bits)."""
     from torch_bridge import triton_dweight
 
     def reduce(p):  # the launch key: what the kernel specialises on (rows, columns, tile)

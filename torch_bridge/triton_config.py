@@ -163,8 +163,8 @@ def chunked_forward_config() -> Config:
 def backward_config(n: int, sms: int = 132) -> Config:
     """``BWD_PIECES``' widths held as their pieces; one warp per 512 tile elements (x, dy and a dweight partial are
     live; per 1024 up to ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long
-    rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the
-    launcher uses them for float32 compute only)."""
+    rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns
+    bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n in BWD_PIECES:

@@ -18,9 +18,9 @@ from torch_bridge.triton_rowmath import INTERPRET, _TL_DTYPES, _to_dt
 # pipelines only loads that feed a dot), so the rows per step set its speed. H100, kernel durations (fourteenth
 # session, bench/results/dweight_reduce_h100.md): 64 × 64 on 4 warps → 256 × 32 on 8: 132 partial rows 2.7 → 1.9 µs,
 # 264 (the resident backward's grid) 4.0 → 2.7, 528 × 4096 10.8 → 4.8; fewer partial rows (the bands' row groups)
-# take fewer rows and wider tiles (pallas_norm.dweight.reduce_tile): 4 rows of 262144 columns 8.1 → 6.6 µs. Short rows
-# take narrower tiles, about one program per SM (pallas_norm.dweight.reduce_cols; sixteenth session, kernel durations:
-# the backward of 4096×1024 2.23 → 2.36 TB/s, 264 partial rows of 1024 columns 2.86 → 2.27 µs).
+# take fewer rows and wider tiles (pallas_norm.dweight.reduce_tile): 4 rows of 262144 columns 8.1 → 6.6 µs. Short
+# rows take narrower tiles, about one program per SM (pallas_norm.dweight.reduce_cols; sixteenth session, kernel
+# durations: the backward of 4096×1024 2.23 → 2.36 TB/s, 264 partial rows of 1024 columns 2.86 → 2.27 µs).
 REDUCE_BLOCK_G, REDUCE_BLOCK_N, REDUCE_WARPS = 256, 32, 8
 REDUCE_MAX_N = 256  # fewer partial rows take wider tiles up to this (pallas_norm.dweight.reduce_tile)
 
