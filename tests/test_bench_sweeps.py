@@ -1,0 +1,222 @@
+"""The benchmark's sweep tools on CPU: the sweeps' timer over rotated input sets, the candidate tiles and configs of
+``bench.fwd_tiles``, ``bench.sweep`` and ``bench.bwd_candidates``, their tables, and the ptxas report the Mosaic
+sweep reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import timing
+
+from test_bench import ENV
+
+
+def test_sweeps_time_every_input_set_per_op(monkeypatch):
+    """``timing.time_sets`` (the sweeps' timer): one call runs ``fn`` once per set of ``input_sets`` (the caller's
+    tensors first, then distinct clones with equal values) and the kernels' time is divided by the sets. The broken
+    variant (the caller's set alone, read L2-hot) fails."""
+    seen, timed = [], {}
+
+    def fake_time_kernels(run, sync, iters=20):
+        seen.clear()
+        run()
+        timed["reps"] = getattr(run, "reps", 1)
+        return 8e-6 / timed["reps"]
+
+    monkeypatch.setattr(timing, "time_kernels", fake_time_kernels)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    sets = timing.input_sets((x, w))
+    reps = timing.rotations(x.numel() * x.element_size())
+    assert len(sets) == reps == 8 and sets[0][0] is x and sets[0][1] is w
+    assert all(torch.equal(s[0], x) and torch.equal(s[1], w) for s in sets)
+
+    def op(a, b):
+        seen.append(a.data_ptr())
+        return a * b
+
+    def honest(fn, sets):
+        return timing.time_sets(fn, sets) == 8e-6 / reps and len(set(seen)) == reps == timed["reps"]
+
+    assert honest(op, sets)
+    assert not honest(op, sets[:1])
+
+
+def test_fwd_tiles_picks_the_tile_fastest_in_both_rounds():
+    """``bench.fwd_tiles`` ranks a tile by the slower of its two rounds (one lucky round does not win) and shows the
+    heuristic's tile beside it; candidates hold 8-64 elements per thread and at most 16384 elements."""
+    from bench import fwd_tiles
+
+    assert fwd_tiles.candidates(16384) == [(1, 8), (1, 16), (1, 32)]
+    assert all(8 <= r * 1024 // (32 * w) <= 64 and r * 1024 <= 16384 for r, w in fwd_tiles.candidates(1000))
+    speeds = {(2, 4): (2.30, 2.31), (4, 4): (2.50, 2.10), (1, 1): (2.35, 2.34)}
+    rows = [dict(kernel="pallas", m=4096, n=1024, rows=t[0], warps=t[1], round=k, tbps=v)
+            for t, vs in speeds.items() for k, v in enumerate(vs)]
+    text = fwd_tiles.markdown(dict(env=ENV, rows=rows))
+    assert "| pallas | 4096×1024 | (2, 4) | 2.300 | (1, 1) | 2.340 | (2, 4): 2.30 / 2.31; (4, 4): 2.50 / 2.10;" in text
+
+
+def test_save_table_writes_json_and_markdown_named_by_gpu(tmp_path):
+    from bench import report
+
+    text = report.save_table(dict(env=ENV, rows=[1]), tmp_path / "x", "tool", lambda r: f"rows {len(r['rows'])}\n")
+    stem = tmp_path / "x" / f"tool_{timing.gpu_slug(ENV['gpu'])}"
+    assert text == stem.with_suffix(".md").read_text() == "rows 1\n"
+    assert json.loads(stem.with_suffix(".json").read_text())["rows"] == [1]
+
+
+def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bits():
+    """``bench.ffi_launch``: one column per (tile, launch), the default and Mosaic GPU beside them, both rounds, a
+    failed variant as "err", and whether the torch route gave JAX's bits (a "NO" is shown, not hidden)."""
+    from bench import ffi_launch
+
+    names = list(ffi_launch._variants(16384))
+    assert names[:2] == ["(1, 8) XLA", "(1, 8) jaxlib"] and names[-2:] == ["mosaic", "impl=None"]
+    assert all(kw["config"].ffi_launch == name.endswith("jaxlib") for name, kw in ffi_launch._variants(16384).items()
+               if "config" in kw)
+    rows = [dict(m=8, n=16384, variant=v, round=r, tbps=None if v == "mosaic" else 2.5 + r / 100)
+            for r in (0, 1) for v in names]
+    text = ffi_launch.markdown(dict(env=ENV, rows=rows, torch_route_bits={"8x16384": False}))
+    assert "| 8×16384 | 2.500 / 2.510 |" in text and "| err | 2.500 / 2.510 | NO |" in text
+
+
+def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch):
+    """Narrow rows get candidates of up to 16384 elements (256 rows of 64), and a heuristic tile outside the
+    candidates is timed beside them, so its TB/s is in the table. The broken variant (candidates alone) shows "–"."""
+    from bench import fwd_tiles
+
+    assert max(r for r, _ in fwd_tiles.candidates(64)) == 256
+    monkeypatch.setattr(fwd_tiles, "_heuristic", lambda kernel, m, n: (3, 3))
+    monkeypatch.setattr(fwd_tiles, "_callables", lambda kernel, m, n: (lambda tile: lambda: None, 1))
+    monkeypatch.setattr(timing, "time_kernels", lambda fn, sync: 1e-3)
+    monkeypatch.setattr(timing, "environment", lambda **kw: ENV)
+    result = fwd_tiles.run(shapes=((4096, 1024),), kernels=("pallas",))
+    assert "| pallas | 4096×1024 | (3, 3) | 0.017 |" in fwd_tiles.markdown(result)
+    broken = dict(result, rows=[r for r in result["rows"] if (r["rows"], r["warps"]) != (3, 3)])
+    assert "| pallas | 4096×1024 | (3, 3) | – |" in fwd_tiles.markdown(broken)
+
+
+def test_triton_sweep_offers_bands_where_its_heuristic_does_not(monkeypatch):
+    """Beyond 8192 columns the Triton reference's sweep adds band configs (one-warp bands at 4, 8 and 16 programs
+    per SM, 4-warp bands on 2048 columns) to rows its heuristic does not band: the 16384-column forward."""
+    from bench import sweep
+    from pallas_norm import backend
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    configs = sweep.triton_configs(16384, False, quick=False)
+    bands = [c for c in configs[1:] if c.lag]
+    assert configs[0] is None and len(bands) == 7 and {c.num_warps for c in bands} == {1, 4}
+    assert sweep.triton_configs(16384, False, quick=False, bands_only=True) == [None] + bands
+    assert not any(c and c.lag for c in sweep.triton_configs(8192, False, quick=False))
+
+
+def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):
+    """At 262144 columns both stacks' sweeps (for an H100's 132 SMs) start from the heuristic (bands), vary them (the
+    Pallas ones also in row groups: more programs than bands; one and four warps; carried blocks), and time the
+    chunked path they replace."""
+    from bench import sweep
+    from pallas_norm import backend, band_slots, pallas_config
+    from torch_bridge import triton_config
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    for backward, chunked in ((True, 2), (False, 1)):
+        pallas = sweep.pallas_configs(1024, 262144, backward, quick=False)
+        assert pallas[0] is None and all(c.lag for c in pallas[1:-chunked])
+        assert not any(c.lag for c in pallas[-chunked:])
+        assert len({(c.block_cols, c.block_rows, c.num_warps, c.lag, c.prefetch) for c in pallas[1:-chunked]}) > 8
+        fitted = [pallas_config.fit(c, 1024, 262144, backward=backward) for c in pallas[1:-chunked]]
+        assert {1, 2, 4, 8} <= {band_slots.groups(c, 262144) for c in fitted}
+        assert {c.num_warps for c in fitted} >= {1, 4} and any(c.carry for c in fitted)
+    triton = sweep.triton_configs(262144, True, quick=False)
+    assert triton[0] is None and triton[-1] == triton_config.chunked_backward_config()
+    assert {c.lag for c in triton[1:-1]} == {1, 2, 3} and {c.groups for c in triton[1:-1]} >= {1, 2, 4}
+    assert {c.num_warps for c in triton[1:-1]} == {1, 4}
+    triton = sweep.triton_configs(262144, False, quick=False)
+    assert triton[-1] == triton_config.chunked_forward_config() and all(c.lag for c in triton[1:-1])
+
+
+def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
+    from bench import sweep
+    from pallas_norm import mosaic_config
+
+    for m, n, backward in ((32768, 2304, False), (32768, 4096, True), (8192, 32768, False), (4096, 65536, True)):
+        configs = sweep.mosaic_configs(m, n, 2, backward, quick=False)
+        assert configs[0] is None and len(configs) > 2
+        plans = [mosaic_config.fit(c, m, n, row_bytes=2 * (1 + backward), weight_bytes=2, widest=2,
+                                   backward=backward) for c in configs]
+        assert len(set(plans)) == len(plans)
+        assert (n > 16384) == all(p.cluster > 1 for p in plans)
+    longest = [mosaic_config.fit(c, 1024, 262144, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+               for c in sweep.mosaic_configs(1024, 262144, 2, True, quick=False)]
+    assert len(longest) > 1 and {(p.cluster, p.dw_spill) for p in longest} == {(16, 8192)}  # only 16 holds the row
+
+
+PTXAS_REPORT = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'mosaic_norm_bwd_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for mosaic_norm_bwd_mosaic_gpu_kernel
+    72 bytes stack frame, 76 bytes spill stores, 76 bytes spill loads
+ptxas info    : Used 255 registers, used 2 barriers, 72 bytes cumulative stack size, 1 bytes smem
+ptxas info    : Compiling entry function 'mosaic_norm_dweight_reduce_mosaic_gpu_kernel' for 'sm_90a'
+ptxas info    : Function properties for mosaic_norm_dweight_reduce_mosaic_gpu_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 87 registers, used 2 barriers
+"""
+
+
+@pytest.mark.parametrize("variant", ["kernel", "broken"])
+def test_ptxas_report_is_read_off_the_c_level_stderr(monkeypatch, capfd, variant):
+    """Mosaic's runtime prints ptxas's report on the process's file descriptors (standard output on the H100),
+    past Python's streams: ``capture`` redirects descriptors 1 and 2, parses each entry function and passes other
+    lines on. A capture that left the descriptors alone (the broken variant) reads nothing."""
+    import os
+
+    from bench import ptxas
+
+    monkeypatch.delenv(ptxas.ENV, raising=False)
+    if variant == "broken":
+        monkeypatch.setattr(ptxas.os, "dup2", lambda *a: None)
+    with ptxas.capture() as report:
+        os.write(1, PTXAS_REPORT.encode())
+        os.write(2, b"unrelated warning\n")
+    assert os.environ[ptxas.ENV] == "1"
+    if variant == "kernel":
+        assert report == {"mosaic_norm_bwd_mosaic_gpu_kernel": dict(registers=255, spill_stores=76, stack=72),
+                          "mosaic_norm_dweight_reduce_mosaic_gpu_kernel": dict(registers=87, spill_stores=0, stack=0)}
+        assert capfd.readouterr().err.strip() == "unrelated warning"
+    else:
+        assert report == {}
+
+
+def test_registers_decide_how_many_ctas_an_sm_holds():
+    """Registers are allocated per warp in units of 256: 255 per thread leave room for 2 CTAs of one warpgroup
+    (what the Mosaic backward gets from 8192 columns per CTA), 168 for 3, and the sweep's column says both."""
+    from bench import ptxas, sweep
+    from pallas_norm import backend, mosaic_config
+
+    assert [ptxas.resident_ctas(r, 128) for r in (255, 168, 169, 32, 0)] == [2, 3, 2, 16, 0]
+    assert ptxas.resident_ctas(255, 256) == 1
+    plan = mosaic_config.fit(None, 2048, 131072, row_bytes=4, weight_bytes=2, widest=2, backward=True)
+    text = sweep.mosaic_resources(ptxas.parse(PTXAS_REPORT), "bwd", plan)
+    asked = -(-plan.programs * plan.cluster // backend.num_sms())
+    assert text == f"255 regs, 76 B spilled, 2 CTAs/SM by registers (asks {asked})"
+    assert sweep.mosaic_resources({}, "bwd", plan) == ""
+
+
+def test_bwd_candidates_for_the_triton_reference_s_pieces(monkeypatch):
+    """``bench.bwd_candidates --triton --pieces``: the heuristic first (at 2304 held as pieces), then the padded tile
+    it replaced (one row of 4096 lanes, 8 warps, prefetching), then every pieces tile of both lists, one row per
+    program; without ``--pieces`` no candidate is held as pieces."""
+    from bench import bwd_candidates
+    from pallas_norm import backend
+    from torch_bridge import triton_config
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    configs = bwd_candidates._triton_candidates(2304, pieces=True)
+    assert configs[0] == triton_config.backward_config(2304, 132) and configs[0].pieces
+    assert configs[1] == triton_config.Config(1, 4096, 8, programs_per_sm=2, prefetch=True)
+    assert [(c.num_warps, c.programs_per_sm, c.prefetch) for c in configs[2:]] == (
+        bwd_candidates.PIECE_CANDIDATES + bwd_candidates.PIECES_MORE)
+    assert all(c.pieces and c.block_m == 1 and c.block_n == 4096 for c in configs[2:])
+    assert not any(c.pieces for c in bwd_candidates._triton_candidates(2304, pieces=False)[1:])
