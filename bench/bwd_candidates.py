@@ -90,16 +90,14 @@ def _triton_candidates(n: int, pieces: bool) -> list:
     ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces (``triton_config.Config.pieces``)."""
     from torch_bridge import triton_config
 
-    n_pad = next_pow2(n)
-    if pieces:
-        return [triton_config.backward_config(n, backend.num_sms())] + [
-            triton_config.Config(max(1, e // n_pad), n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
-            for e, warps, per_sm, pf in TRITON_PADDED if e == n_pad] + [
-            triton_config.Config(1, n_pad, warps, programs_per_sm=per_sm, prefetch=pf, pieces=True)
-            for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE]
-    return [triton_config.backward_config(n, backend.num_sms())] + [
-        triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
-        for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+    n_pad, heuristic = next_pow2(n), [triton_config.backward_config(n, backend.num_sms())]
+    if not pieces:
+        return heuristic + [triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
+                            for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
+    return heuristic + [triton_config.Config(1, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
+                        for e, warps, per_sm, pf in TRITON_PADDED if e == n_pad] + [
+        triton_config.Config(1, n_pad, warps, programs_per_sm=per_sm, prefetch=pf, pieces=True)
+        for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE]
 
 
 def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:

@@ -240,6 +240,14 @@ def _no_bands(config: Config) -> None:
                          "dispatches on it), not these kernels")
 
 
+def _run(call, args: tuple, out_shape, config: Config, interpret: bool) -> tuple:
+    """``call(*args)`` (a ``pallas_call``'s outputs, a tuple), or with ``config.ffi_launch`` on the GPU the same kernel
+    launched by jaxlib's Triton call (``triton_ffi``) instead of by XLA."""
+    if config.ffi_launch and not interpret:
+        return tuple(triton_ffi.launch(call, args, out_shape))
+    return call(*args)
+
+
 def forward(x, weight, *, eps: float, offset: float, casting: str, config: Config, interpret: bool,
             residual=None, h_dtype=None):
     """``(y, rstd)`` for a 2-D ``x`` of shape ``(m, n)``; ``rstd`` is float32 of shape ``(m,)``. With ``residual``
@@ -261,9 +269,7 @@ def forward(x, weight, *, eps: float, offset: float, casting: str, config: Confi
         interpret=interpret,
         name="pallas_norm_add_fwd" if fused else "pallas_norm_fwd",
     )
-    if config.ffi_launch and not interpret:
-        return tuple(triton_ffi.launch(call, args, out_shape))
-    return call(*args)
+    return _run(call, args, out_shape, config, interpret)
 
 
 def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config, interpret: bool,
@@ -293,8 +299,7 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Config
     if config.resident(n):
         call = pl.pallas_call(bwd, out_shape=tuple(out_shape), grid=(config.programs,), compiler_params=params,
                               interpret=interpret, name=prefix)
-        args = (x, *w_args, *row_args, rstd)
-        outs = triton_ffi.launch(call, args, tuple(out_shape)) if config.ffi_launch and not interpret else call(*args)
+        outs = _run(call, (x, *w_args, *row_args, rstd), tuple(out_shape), config, interpret)
     else:
         sum_gx = pl.pallas_call(
             functools.partial(_bwd_rowsum_kernel, **statics),

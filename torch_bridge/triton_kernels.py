@@ -297,12 +297,13 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
-    tile = dict(P0=pieces[0], P1=pieces[1]) if pieces else dict(BLOCK_N=cfg.block_n, SINGLE=not chunked)
     triton_launch.launch(("bwd", need_dx, need_dweight, *key), triton_pieces.bwd_pieces_kernel if pieces else
                          _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
                           cdiv(row_blocks, g), offset),
-                         lambda: dict(BLOCK_M=cfg.block_m, **tile,
+                         lambda: dict(BLOCK_M=cfg.block_m,
+                                      **(dict(P0=pieces[0], P1=pieces[1]) if pieces else
+                                         dict(BLOCK_N=cfg.block_n, SINGLE=not chunked)),
                                       HAS_WEIGHT=weight is not None, NEED_DX=need_dx, NEED_DW=need_dweight,
                                       HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
                                       CASTING=CASTING_CODES[casting],

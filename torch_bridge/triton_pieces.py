@@ -11,6 +11,8 @@ The grid, the partials and their reduction are ``triton_kernels.rms_norm_bwd``'s
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -18,6 +20,7 @@ from pallas_norm.pallas_config import pieces_of
 from torch_bridge.triton_rowmath import _dx, _grad_n, _normalize, _tile, _to_dt, _w_eff
 
 
+@functools.cache  # asked on every backward launch of such rows
 def two_pieces(n: int) -> tuple[int, int]:
     """``(P0, P1)``: the two power-of-two pieces of a row of ``n`` columns, largest first; a ValueError for rows
     that are not two pieces (a power of two is one: the padded kernel holds it without masked lanes)."""
