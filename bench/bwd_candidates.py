@@ -1,10 +1,11 @@
-"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces | --ffi] | --triton [--pieces]]``: the resident
+"""``python -m bench.bwd_candidates MxN,... [--jax [--heads | --pieces] [--ffi] | --triton [--pieces]]``: the resident
 backward's heuristic against candidate tilings, for ``rms_norm`` and for the fused add (``rms_norm_add``), as binaries
 launched by torch (``bench sweep``'s method: the kernels' durations over rotated inputs, ``timing.time_sets``), with
 each main kernel's registers and spill bytes; ``--jax``: timed through JAX instead (the same timer: XLA's launch and
 its shared-memory carveout, the dweight reduction included), with Mosaic GPU's backward beside them; ``--heads``:
 per-head candidates; ``--pieces``: rows held as their power-of-two pieces (``Config.pieces``); ``--ffi``: the
-heuristic's config launched by XLA and by jaxlib's Triton call (``Config.ffi_launch``); ``--triton``: the
+heuristic's config launched by XLA and by jaxlib's Triton call (``Config.ffi_launch``; with ``--pieces``: every
+pieces candidate launched both ways, ``pallas_config.BWD_FFI_PIECES``); ``--triton``: the
 Triton reference's backward instead (with ``--pieces``: its pieces, ``triton_config.Config.pieces``). Prints one line
 per (shape, op, config); the committed tables are bench/results/sweep_h100_bwd_2026-11-24.md (timed by CUDA events,
 before this timer), sweep_h100_bwd_jax_2026-11-26.md, bwd_heads_h100.md, bwd_pieces_h100.md,
@@ -53,10 +54,12 @@ def _candidates(n: int, sms: int, table: list[tuple[int, int, int, bool]]) -> li
                      for e, warps, per_sm, pf in table if e >= n_pad]
 
 
-def _piece_candidates(n: int, sms: int) -> list[Config | None]:
-    """The heuristic (None), ``PIECE_CANDIDATES`` and ``PIECES_MORE``."""
-    return [None] + [Config(1, next_pow2(n), warps, programs=per_sm * sms, prefetch=pf, pieces=True)
-                     for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE]
+def _piece_candidates(n: int, sms: int, ffi: bool = False) -> list[Config | None]:
+    """The heuristic (None), ``PIECE_CANDIDATES`` and ``PIECES_MORE``; ``ffi``: each of those launched by XLA, then
+    by jaxlib's Triton call."""
+    launches = (False, True) if ffi else (False,)
+    return [None] + [Config(1, next_pow2(n), warps, programs=per_sm * sms, prefetch=pf, pieces=True, ffi_launch=f)
+                     for warps, per_sm, pf in PIECE_CANDIDATES + PIECES_MORE for f in launches]
 
 
 def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
@@ -126,7 +129,8 @@ def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
 def run_jax(shapes: list[tuple[int, int]],
             table: list[tuple[int, int, int, bool]] | str | None = JAX_CANDIDATES) -> None:
     """The ``table``'s candidates (None: ``_piece_candidates``; ``"ffi"``: the heuristic's config launched by XLA and
-    by jaxlib's Triton call, ``Config.ffi_launch``) and Mosaic GPU, timed through JAX
+    by jaxlib's Triton call, ``Config.ffi_launch``; ``"pieces-ffi"``: every pieces candidate both ways) and Mosaic
+    GPU, timed through JAX
     (``timing.time_jax``) from ``timing.rotations`` sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx,
     dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh, dweight; dx and dresidual are the same values, one is kept
     as in ``bench fused``)."""
@@ -143,9 +147,9 @@ def run_jax(shapes: list[tuple[int, int]],
         for fused in (False, True):
             if table == "ffi":
                 heuristic = pallas_config.heuristic(m, n, backward=True)
-                configs = [None, dataclasses.replace(heuristic, ffi_launch=True)]
-            elif table is None:
-                configs = _piece_candidates(n, backend.num_sms())
+                configs = [dataclasses.replace(heuristic, ffi_launch=f) for f in (False, True)]
+            elif table is None or table == "pieces-ffi":
+                configs = _piece_candidates(n, backend.num_sms(), ffi=table == "pieces-ffi")
             else:
                 configs = _candidates(n, backend.num_sms(), table)
             for cfg in configs + ["mosaic"]:
@@ -171,8 +175,9 @@ if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
     if "--jax" in sys.argv[2:]:
         flags = sys.argv[2:]
-        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else None if "--pieces" in flags else
-                "ffi" if "--ffi" in flags else JAX_CANDIDATES)
+        pieces, ffi = "--pieces" in flags, "--ffi" in flags
+        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else ("pieces-ffi" if ffi else None) if pieces else
+                "ffi" if ffi else JAX_CANDIDATES)
     elif "--triton" in sys.argv[2:]:
         run_triton(parsed, "--pieces" in sys.argv[2:])
     else:

@@ -5,7 +5,7 @@ sums; one that waits ``SPIN_LIMIT`` polls recomputes them: correct, slow). A gri
 of the GPU is fast alone and loses a group as soon as any other kernel holds one slot. This times both stacks' band
 kernels (the heuristics' band layout, ``min_cols=0``) alone and while ``k`` one-thread kernels
 (``torch.cuda._sleep``), each on its own stream, hold a slot each; once with the grid the heuristics launch
-(``pallas_config.BANDS_SPARE`` slots left free) and once with every slot asked (no spare). CUDA events around
+(``band_tables.BANDS_SPARE`` slots left free) and once with every slot asked (no spare). CUDA events around
 ``REPS`` back-to-back calls on the current stream, the sleepers launched just before.
 """
 
@@ -56,11 +56,11 @@ def _calls(m: int, n: int, backward: bool, x, w, dy, rstd) -> dict[str, tuple]:
 def run(shapes=SHAPES) -> dict:
     import torch
 
-    from pallas_norm import pallas_config
+    from pallas_norm import band_tables
     from torch_bridge import triton_kernels
 
     streams = [torch.cuda.Stream() for _ in range(max(SLEEPERS))]
-    spare = pallas_config.BANDS_SPARE
+    spare = band_tables.BANDS_SPARE
     rows = []
     for m, n in shapes:
         x, w, dy = timing.inputs(m, n, torch.bfloat16, 0.0)
@@ -68,11 +68,11 @@ def run(shapes=SHAPES) -> dict:
         for backward in (False, True):
             mode = "bwd" if backward else "fwd"
             for slots_free in (spare, 0):
-                pallas_config.BANDS_SPARE = slots_free
+                band_tables.BANDS_SPARE = slots_free
                 try:
                     calls = _calls(m, n, backward, x, w, dy, rstd)
                 finally:
-                    pallas_config.BANDS_SPARE = spare
+                    band_tables.BANDS_SPARE = spare
                 for kernel, (programs, fn) in calls.items():
                     fn()
                     torch.cuda.synchronize()

@@ -20,7 +20,7 @@ import sys
 import torch
 
 from bench import ptxas, timing
-from pallas_norm import backend, mosaic_config, pallas_config
+from pallas_norm import backend, band_tables, mosaic_config, pallas_config
 from torch_bridge import launch_route, triton_config, triton_kernels
 
 BAND_CANDIDATE_COLS = 8192  # below the heuristics' bands, rows longer than this also sweep band configs
@@ -80,7 +80,7 @@ def band_candidates(base: pallas_config.Config, n: int) -> list[pallas_config.Co
     def make(c, r, w, k, p, carry):
         bands = -(-n // c)
         return dataclasses.replace(base, block_cols=c, block_rows=r, num_warps=w, lag=k, prefetch=True, carry=carry,
-                                   programs=bands * pallas_config.band_groups(bands, p, sms))
+                                   programs=bands * band_tables.band_groups(bands, p, sms))
 
     grid = [(c, r, 1, k, p, False) for c, r, k, p in itertools.product((1024, 2048), (1, 2), (1, 2, 3), (8, 16, 24))
             if c * r <= 2048 and (k == 2 or (r == 1 and p != 24))]
@@ -187,7 +187,7 @@ def triton_band_candidates(n: int, backward: bool) -> list[triton_config.Config]
     base = triton_config.bands_config(n, sms, backward=backward, min_n=0)
     if base is None:
         return []
-    groups = lambda cols, per_sm: pallas_config.band_groups(-(-n // cols), per_sm, sms)  # noqa: E731
+    groups = lambda cols, per_sm: band_tables.band_groups(-(-n // cols), per_sm, sms)  # noqa: E731
     out = [dataclasses.replace(base, block_n=1024, block_m=1, num_warps=1, groups=groups(1024, p)) for p in (4, 8, 16)]
     out += [dataclasses.replace(base, block_n=2048, block_m=r, num_warps=4, groups=groups(2048, p))
             for r, p in ((1, 4), (1, 8), (2, 2), (2, 4))]

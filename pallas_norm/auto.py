@@ -31,7 +31,7 @@ GPU for 16384 < N ≤ 262144 and the backward for 1024 ≤ N ≤ 131072 (but 819
 beats the Triton lowering's (32768×8192 2.85 against 2.81, 4096×8192 2.49 against 2.24), so 8192 is no longer an
 exception. At 262144 the Mosaic backward runs (its ``dweight`` partial half in shared memory) but at 1.08 TB/s
 against the Triton lowering's 1.77: the Triton lowering keeps that length. Since the ninth session the Triton
-lowering's backward there runs on column bands (``pallas_config.BANDS``, ``bands.py``: 2.16 TB/s, kernels timed).
+lowering's backward there runs on column bands (``band_tables.BANDS``, ``bands.py``: 2.16 TB/s, kernels timed).
 
 2026-11-25 (tenth session): the column bands run in row groups and take the forward too; at 1024×262144 the Triton
 lowering's forward reads 2.72 TB/s against Mosaic GPU's clusters' 2.36 (the sweep launched both through torch,
@@ -40,7 +40,7 @@ Eleventh session: the bands run one-warp programs (no shared memory: XLA's launc
 at 1024×262144 fwd 2.81, bwd 2.77 TB/s. Twelfth session, timed from JAX below 262144: they tie Mosaic GPU at 65536
 and 131072 columns and lose at 32768 (8192×32768 fwd 2.68 against 2.74, bwd 2.63 against 2.79; docs/benchmarks.md),
 so the table stands. Thirteenth session: the Triton lowering's backward moved to those bands beyond 8192 columns,
-its forward beyond 16384 (``pallas_config.BANDS_MIN_COLS``); from JAX, bf16 (``bench_h100_bfloat16_llama.md``)
+its forward beyond 16384 (``band_tables.BANDS_MIN_COLS``); from JAX, bf16 (``bench_h100_bfloat16_llama.md``)
 Mosaic GPU stays faster at 16384-32768 columns (backward 32768×16384 2.89 against 2.62, 8192×32768 2.78 against
 2.65) and ties at 65536-131072 (4096×65536 2.68 against 2.70, 2048×131072 2.76 against 2.76): the table stands.
 
@@ -74,13 +74,19 @@ Twenty-second session: the Triton lowering's resident backward of full rows of 2
 launched by jaxlib's Triton call where ``triton_ffi`` is available (``pallas_config.BWD_FFI_RESIDENT``), which widens
 its lead over Mosaic GPU there (32768×4096 plain / fused 2.91 / 3.03 against 2.72 / 2.89, 32768×8192 2.93 / 3.03
 against 2.85 / 2.94; ``bench/results/probes_h100_2026-11-26_twentysecond.md`` §3): no change of lowering.
+
+Twenty-third session: so is its backward of rows held as pieces of 2560 and 5120 columns, on the Triton reference's
+tiles (``pallas_config.BWD_FFI_PIECES``), which XLA's launch had collapsed: plain / fused add 32768×5120 2.86 / 2.88
+against Mosaic GPU's 2.74 / 2.87, 4096×5120 2.48 / 2.59 against 2.37 / 2.50, 32768×2560 2.86 / 2.79 against 2.69 /
+2.86, 4096×2560 2.27 / 2.29 against 2.19 / 2.34 (``bench/results/bwd_pieces_ffi_h100.md``): where jaxlib launches it
+(``pallas_config.ffi_backward``), that backward leaves Mosaic GPU.
 """
 
 from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import ffi_forward, full_row, one_program
+from .pallas_config import ffi_backward, ffi_forward, full_row, one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
@@ -101,7 +107,8 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        mosaic = lo <= n <= hi and not (n <= TRITON_BWD_COLS and full_row(n)) and n not in TRITON_BWD_PIECES
+        triton = (n <= TRITON_BWD_COLS and full_row(n)) or n in TRITON_BWD_PIECES or ffi_backward(n)
+        mosaic = lo <= n <= hi and not triton
     else:
         lo, hi = MOSAIC_FWD_COLS
         mosaic = lo < n <= hi and not ffi_forward(n)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 from . import backend
+from .band_tables import BANDS_MIN_COLS, band_grid
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
 MAX_RESIDENT_COLS = 16384
+FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1  # the forward takes column bands beyond (band_tables.py)
 MAX_BLOCK_ROWS = 1024
 # The H100 sweep behind every number below: bench/results/sweep_h100_bfloat16_llama.md (kernels timed by CUDA
 # events) unless named. Forward, resident rows off the FWD_RESIDENT table: TARGET_ELEMS elements per program, a warp
@@ -110,56 +112,20 @@ BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
 # backward: the fused add's dweight is rms_norm's bits; prefetching spills the fused one at 5120, 1.89). Halves of
 # a power of two (1536, 3072, 6144) lose to their padded tile: not taken.
 BWD_PIECES = {2304: (4, 4, False), 2560: (8, 2, True), 5120: (4, 2, False)}
+# The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
+# is available, on these tiles instead of BWD_PIECES': (warps, programs per SM, prefetch), the Triton reference's
+# (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...
+# --jax --pieces --ffi`, bench/results/bwd_pieces_ffi_h100.md), plain / fused add TB/s against Mosaic GPU (impl=None's
+# until then): 32768×5120 2.86 / 2.88 against 2.74 / 2.87 (by XLA 1.98 / 2.41), 4096×5120 2.48 / 2.59 against 2.37 /
+# 2.50; 32768×2560 2.86 / 2.79 against 2.69 / 2.86, 4096×2560 2.27 / 2.29 against 2.19 / 2.34. Not 2304 (no tile
+# wins both ways: 4 warps, 4 per SM 2.80 / 2.19 against 2.71 / 2.85 by XLA).
+BWD_FFI_PIECES = {2560: (4, 4, False), 5120: (8, 2, False)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
 ONE_PROGRAM_ELEMS = 1 << 16
 # Backward, long rows: chunk width, warps, programs per SM (shared among a row's column chunks), prefetch. Every
 # variant sits at ~59% of copy: the row-sum pass and the dx pass each read x and dy (5 passes for 3).
 BWD_CHUNKED = (4096, 16, 2, False)
-# Long rows (the backward from BANDS_MIN_COLS columns, the forward from FWD_BANDS_MIN_COLS): column bands of every row
-# (``bands.py``: x (and dy) read once; the forward 2 passes, the backward 3), each band's programs walking the rows in
-# ``groups`` interleaved row groups (the grid: bands × groups, ``programs_per_sm`` per SM). A row group's bands must be
-# co-resident to run at speed (each waits for its peers' row sums); groups beyond what the GPU holds at once run in
-# later waves.
-# Tenth session (bench/results/sweep_h100_bfloat16_llama_bands_groups.md): 4-warp programs on 2048-column bands of
-# 2 rows, the forward in 4 groups 2.72 TB/s, the backward in 2 groups 2.60, launched by torch. One group of many
-# rows per step keeps few programs per SM, each step a chain of dependent loads and reductions: more, smaller
-# programs hide each other's latency (ncu: DRAM 49-55% busy in one group). But XLA launches every kernel that uses
-# dynamic shared memory at the most shared memory (``bench carveout``), which leaves L1 too small for the band's
-# second read: the same kernels read 2.31 / 2.28 from JAX. Eleventh session: carrying the blocks in registers
-# (``Config.carry``, sweep_h100_bfloat16_llama_pallas_bands_carveout100.md) gave 2.52 / 2.30 at either carveout;
-# one-warp programs need no shared memory at all (no cross-warp reduction), so XLA leaves the carveout to the
-# driver, and many of them hide each other's latency best: 1024-column bands of one row, lag 2, prefetch, the
-# forward 16 programs per SM (8 groups) 2.82 TB/s launched by torch, 2.79 by XLA; the backward 8 per SM (4 groups)
-# 2.78 / 2.77 (bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md). Then (band columns, rows per block, warps,
-# lag, prefetch, programs per SM). Bands only while a row has at most BANDS_MAX_PER_SM bands per SM (N ≤ 540672 on an
-# H100): a group is then co-resident beside others; longer rows stay on the chunked paths.
-# Thirteenth session (H100, bf16, bench/results/sweep_h100_bfloat16_llama_pallas_bands_from_16384.md, torch-launched;
-# the one-warp bands use no shared memory, so XLA launches them the same): the band configs beat the resident
-# backward at 16384 columns, which spills and under XLA's carveout reads 1.72 (4096×16384: bands 2.33; 32768×16384
-# 1.94 → 2.63), and the chunked paths below 262144 (8192×32768 fwd 2.45 → 2.63, bwd 1.76 → 2.64; 4096×65536 2.39 →
-# 2.69, 1.77 → 2.67; 2048×131072 2.20 → 2.74, 1.76 → 2.72; the chunked figures at XLA's carveout): so the backward
-# takes bands from BANDS_MIN_COLS and the forward for rows longer than it holds (FWD_BANDS_MIN_COLS); the resident
-# forward at 16384 stays (2.72 at XLA's carveout against 2.48 on bands). On Hopper ``auto`` still runs Mosaic GPU
-# at 16384-131072 columns (faster there); this is the Triton lowering's own choice (``impl="pallas"``, pre-Hopper
-# GPUs, rows of no multiple of 128 columns). A backward small enough for one program keeps it (one launch). Then
-# below 16384 (bench/results/sweep_h100_bfloat16_llama_pallas_bands_below_16384.md): the resident backward pads
-# 8193-16383 columns to 16384 and spills; at XLA's carveout it read 1.83 / 2.28 at 4096 / 32768×12288 and 1.69 /
-# 2.23 at ×10240, bands 2.00 / 2.50 and 1.82 / 2.24: the backward takes bands for rows longer than 8192.
-BANDS_MIN_COLS = 8193
-FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1
-# Program slots a band grid leaves free (``band_groups``). The one-warp backward takes 255 registers per thread, so
-# an SM holds 8: BANDS' 8 per SM is the GPU's whole capacity, and at 16384 columns (16 bands × 66 groups) the grid
-# filled it. Then one CTA of any other stream's kernel left a band of a group for a second wave, its peers spinning
-# to SPIN_LIMIT and recomputing (correct, slow). H100, bf16, beside one one-thread kernel on another stream
-# (thirteenth session, ``python -m bench contention``, bench/results/contention_h100.md; Triton reference / Pallas
-# kernels): 32768×16384 backward 2.54 → 1.70 / 2.62 → 1.87, 8192×32768 2.49 → 1.70 / 2.61 → 1.84 with every slot
-# asked; with 32 left free 2.49 → 2.49 / 2.57 → 2.57 and 2.46 → 2.49 / 2.61 → 2.55 (alone 0-2% below the full
-# grid). The 1024 programs of 262144 columns already left 32 free and held their speed.
-BANDS_SPARE = 32
-BANDS_MAX_PER_SM = 4
-BANDS = (1024, 1, 1, 2, True, 8)
-FWD_BANDS = (1024, 1, 1, 2, True, 16)
 
 
 def next_pow2(v: int) -> int:
@@ -189,13 +155,18 @@ def ffi_forward(n: int) -> bool:
 
 def ffi_backward(n: int) -> bool:
     """Whether the resident backward (plain or fused add) of rows of ``n`` columns is launched by jaxlib's Triton call
-    (``BWD_FFI_RESIDENT``: full rows of those padded lengths not held as pieces, where ``triton_ffi.available()``)."""
-    return n not in BWD_PIECES and _ffi(n, BWD_FFI_RESIDENT)
+    (``BWD_FFI_RESIDENT``: full rows of those padded lengths not held as pieces; ``BWD_FFI_PIECES``: rows held as
+    pieces of those widths; where ``triton_ffi.available()``)."""
+    if n in BWD_PIECES:
+        return n in BWD_FFI_PIECES and _available()
+    return _ffi(n, BWD_FFI_RESIDENT)
 
 
 def _ffi(n: int, padded_lengths) -> bool:
-    if not (full_row(n) and next_pow2(n) in padded_lengths):
-        return False
+    return full_row(n) and next_pow2(n) in padded_lengths and _available()
+
+
+def _available() -> bool:
     from . import triton_ffi
 
     return triton_ffi.available()
@@ -289,19 +260,19 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
-    pieces = n in BWD_PIECES
+    pieces, ffi = n in BWD_PIECES, ffi_backward(n)
     if pieces:
-        (warps, per_sm, prefetch), block_rows, reload_weight = BWD_PIECES[n], 1, False
+        (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
     else:
         elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight,
-                      pieces=pieces, ffi_launch=ffi_backward(n)), m, n, backward=True)
+                      pieces=pieces, ffi_launch=ffi), m, n, backward=True)
 
 
 def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None) -> Config | None:
-    """The heuristic's band config for an ``(m, n)`` launch (``BANDS``/``FWD_BANDS``), or None where rows are
+    """The heuristic's band config for an ``(m, n)`` launch (``band_tables.BANDS``/``FWD_BANDS``), or None where rows are
     shorter than ``min_cols`` (default ``BANDS_MIN_COLS`` / ``FWD_BANDS_MIN_COLS``; the bench passes 0 to time bands
     where the heuristic does not take them), have more than ``BANDS_MAX_PER_SM`` bands per SM, or the backward is
     small enough for one program (``one_program``: one launch storing dweight)."""
@@ -313,24 +284,6 @@ def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None)
     (cols, rows, warps, lag, prefetch, _), groups = grid
     return fit(Config(rows, cols, warps, programs=cdiv(n, cols) * groups, prefetch=prefetch, lag=lag), m, n,
                backward=backward)
-
-
-def band_grid(n: int, sms: int, *, backward: bool, min_cols: int) -> tuple[tuple, int] | None:
-    """The band table of a direction (``BANDS``/``FWD_BANDS``) and the row groups of its grid for rows of ``n``
-    columns on a GPU of ``sms`` SMs, or None where rows take no bands: shorter than ``min_cols``, or more than
-    ``BANDS_MAX_PER_SM`` bands per SM (both stacks' band heuristics)."""
-    table = BANDS if backward else FWD_BANDS
-    bands = cdiv(n, table[0])
-    if n < min_cols or bands > BANDS_MAX_PER_SM * sms:
-        return None
-    return table, band_groups(bands, table[-1], sms)
-
-
-def band_groups(bands: int, per_sm: int, sms: int) -> int:
-    """Row groups of a band grid asking ``per_sm`` programs per SM of a GPU of ``sms`` SMs, less ``BANDS_SPARE``
-    program slots (at least one group): the grid is ``bands`` × groups programs (both stacks' band heuristics, and
-    the sweep's band candidates)."""
-    return max(1, (per_sm * sms - BANDS_SPARE) // bands)
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:

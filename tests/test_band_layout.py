@@ -10,7 +10,7 @@ import jax
 import pytest
 import torch
 
-from pallas_norm import band_slots, pallas_config
+from pallas_norm import band_slots, band_tables, pallas_config
 from pallas_norm.pallas_config import Config
 
 
@@ -37,15 +37,15 @@ def test_heuristic_takes_bands_for_long_rows(backward, monkeypatch):
     first = 8193 if backward else 16385
     for sms in (132, 114):
         monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
-        per_sm = (pallas_config.BANDS if backward else pallas_config.FWD_BANDS)[-1]
+        per_sm = (band_tables.BANDS if backward else band_tables.FWD_BANDS)[-1]
         for n in (first, 20000, 32768, 131072, 262144, 300000):
             config = pallas_config.heuristic(1024, n, backward=backward)
-            assert config.lag and config.chunks(n) <= pallas_config.BANDS_MAX_PER_SM * sms
-            slots = per_sm * sms - pallas_config.BANDS_SPARE  # some left free for other streams' kernels
+            assert config.lag and config.chunks(n) <= band_tables.BANDS_MAX_PER_SM * sms
+            slots = per_sm * sms - band_tables.BANDS_SPARE  # some left free for other streams' kernels
             assert band_slots.groups(config, n) * config.chunks(n) == config.programs <= slots
         assert not pallas_config.heuristic(1024, first - 1, backward=backward).lag
         assert bool(pallas_config.heuristic(2, 32768, backward=backward).lag) != backward  # one program: one launch
-        longest = pallas_config.BANDS_MAX_PER_SM * sms * config.block_cols
+        longest = band_tables.BANDS_MAX_PER_SM * sms * config.block_cols
         assert pallas_config.heuristic(16, longest, backward=backward).lag
         assert not pallas_config.heuristic(16, longest + 1, backward=backward).lag
     assert not pallas_config.fit(Config(4, 1024, 4, lag=2), 8, 1000, backward=backward).lag  # a resident row

@@ -220,3 +220,19 @@ def test_bwd_candidates_for_the_triton_reference_s_pieces(monkeypatch):
         bwd_candidates.PIECE_CANDIDATES + bwd_candidates.PIECES_MORE)
     assert all(c.pieces and c.block_m == 1 and c.block_n == 4096 for c in configs[2:])
     assert not any(c.pieces for c in bwd_candidates._triton_candidates(2304, pieces=False)[1:])
+
+
+def test_bwd_candidates_pieces_launched_both_ways(monkeypatch):
+    """``bench.bwd_candidates --jax --pieces --ffi``: the heuristic, then every pieces tile launched by XLA and then by
+    jaxlib's Triton call (``pallas_config.BWD_FFI_PIECES``' sweep); without ``--ffi`` only by XLA."""
+    from bench import bwd_candidates
+    from pallas_norm import backend
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    tiles = bwd_candidates.PIECE_CANDIDATES + bwd_candidates.PIECES_MORE
+    both = bwd_candidates._piece_candidates(5120, 132, ffi=True)
+    assert both[0] is None and len(both) == 1 + 2 * len(tiles)
+    assert [(c.num_warps, c.programs // 132, c.prefetch, c.ffi_launch) for c in both[1:]] == [
+        (*t, f) for t in tiles for f in (False, True)]
+    assert all(c.pieces and c.block_cols == 8192 for c in both[1:])
+    assert not any(c.ffi_launch for c in bwd_candidates._piece_candidates(5120, 132)[1:])

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pallas_norm as pn
-from pallas_norm import auto, backend, kernels, pallas_config
+from pallas_norm import auto, backend, kernels, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config, pieces_of
 
 from helpers import GPU_KERNELS, KERNEL, assert_same_bits, check_jax, jax_inputs
@@ -73,8 +73,10 @@ def test_fused_add_dweight_is_rms_norm_s_bits():
 def test_heuristic_takes_pieces_at_the_table_s_widths(monkeypatch):
     """``BWD_PIECES``' widths (2304, 2560, 5120) take one-row programs of pieces at the table's tile, also for one
     program; halves of a power of two (1536, 3072, 6144), powers of two and other widths keep the padded tile;
-    ``auto`` takes the Triton lowering's backward at 2304 (``TRITON_BWD_PIECES``), Mosaic GPU at 2560 and 5120."""
+    ``auto`` takes the Triton lowering's backward at 2304 (``TRITON_BWD_PIECES``), Mosaic GPU at 2560 and 5120.
+    Launched by XLA (``tests/test_triton_ffi.py`` has jaxlib's launch)."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
     tiles = {(m, n): (c.block_rows, c.num_warps, c.programs, c.prefetch) for m, n in ((4096, 2304), (32768, 2560),
                                                                                       (32768, 5120), (12, 5120))
              for c in [pallas_config.heuristic(m, n, backward=True)] if c.pieces}

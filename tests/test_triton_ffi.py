@@ -90,17 +90,25 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (2048, 4096, 8192: 3584 fills 7/8
-    of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; 1024, the pieces (2304, 5120), padded rows (3000 of
-    4096) and column bands stay XLA-launched; nothing without ``available()``."""
+    of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; so are the pieces of ``BWD_FFI_PIECES`` (2560,
+    5120), on that table's tile; 1024, the pieces of 2304, padded rows (3000 of 4096) and column bands stay
+    XLA-launched; nothing without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    widths = (2048, 3584, 4096, 8192, 1024, 2304, 5120, 3000, 16384)
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    widths = (2048, 3584, 4096, 8192, 1024, 2304, 2560, 5120, 3000, 16384)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     xla = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
     assert not any(c.ffi_launch for c in xla.values())
+    assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "mosaic", "mosaic"]
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
-    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {2048, 3584, 4096, 8192}
-    assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths)
+    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {2048, 3584, 4096, 8192, 2560, 5120}
+    assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths if n not in (2560, 5120))
+    tiles = {n: (c.block_rows, c.num_warps, c.programs, c.prefetch, c.pieces) for n in (2560, 5120)
+             for c in [jaxlib[n]]}
+    assert tiles == {2560: (1, 4, 528, False, True), 5120: (1, 8, 264, False, True)}
+    assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "pallas", "pallas"]
+    assert auto.lowering(True, 6144) == "mosaic"  # a half of a power of two: not held as pieces
 
 
 def test_ffi_launch_needs_rows_held_whole_and_the_interpreter_ignores_it():
@@ -151,10 +159,12 @@ def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shap
 @pytest.mark.parametrize("shape,dtype,casting,offset", [((4099, 4096), jnp.bfloat16, "llama", 0.0),
                                                         ((1000, 3584), jnp.float16, "gemma", 1.0),
                                                         ((300, 8192), jnp.float32, "none", 0.0),
-                                                        ((5000, 2048), jnp.bfloat16, "gemma", 1.0)], ids=str)
+                                                        ((5000, 2048), jnp.bfloat16, "gemma", 1.0),
+                                                        ((3000, 5120), jnp.bfloat16, "llama", 0.0),
+                                                        ((4099, 2560), jnp.float16, "gemma", 1.0)], ids=str)
 def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
-    """``impl=None``'s backward at ``BWD_FFI_RESIDENT``'s widths holds the jaxlib call, meets the accuracy rule, and
-    the fused add's dweight is ``rms_norm(h)``'s bits (both launched the same way)."""
+    """``impl=None``'s backward at ``BWD_FFI_RESIDENT``'s and ``BWD_FFI_PIECES``' widths holds the jaxlib call, meets
+    the accuracy rule, and the fused add's dweight is ``rms_norm(h)``'s bits (both launched the same way)."""
     assert pallas_config.heuristic(*shape, backward=True).ffi_launch
     x, w, dy = jax_inputs(shape, dtype, offset, seed=9, weight_dtype=jnp.float32)
     mode = dict(eps=1e-6, offset=offset, casting=casting)
@@ -175,7 +185,7 @@ def test_gpu_torch_launch_route_backward_gives_jax_bits():
     import torch_bridge
     from torch_bridge.numpy_io import autograd_outputs
 
-    for shape in ((4096, 4096), (999, 8192), (257, 2048)):
+    for shape in ((4096, 4096), (999, 8192), (257, 2048), (999, 5120), (513, 2560)):
         x, w, dy = torch_inputs(shape, torch.bfloat16, seed=6)
         xj, wj, dyj = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
         dx_jax, dw_jax = jax.vjp(pn.rms_norm, xj, wj)[1](dyj)

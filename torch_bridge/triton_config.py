@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from pallas_norm import pallas_config
+from pallas_norm import band_tables, pallas_config
 
 FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass; the backward)
 # The forward holds rows up to this length in registers (16 warps: 64 elements per thread at 32768). H100, bf16,
@@ -27,7 +27,7 @@ FWD_RESIDENT = {2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
 # Long rows (float32 compute; from BANDS_MIN_N / FWD_BANDS_MIN_N columns, below) on column bands (``triton_bands``): the
-# Pallas kernels' band heuristic, read from its tables (``pallas_config.BANDS``/``FWD_BANDS``: 1024-column bands of one
+# Pallas kernels' band heuristic, read from its tables (``band_tables.BANDS``/``FWD_BANDS``: 1024-column bands of one
 # row per block, one warp per program, lag 2, in row groups; the backward 8 programs per SM, the forward 16; rows with
 # more than ``BANDS_MAX_PER_SM`` bands per SM stay chunked). H100, bf16, 1024×262144 (eleventh session,
 # bench/results/sweep_h100_bfloat16_llama_bands_one_warp.md): the backward in 4 groups 2.54 TB/s against 2.16 for the
@@ -55,16 +55,16 @@ BWD_FEW_WARPS_MAX_N = 1024
 # 2.78 / 2.82, 4096×2304 2.08 / 2.27 → 2.13 / 2.31; 32768×2560 2.57 / 2.76 → 2.83 / 2.91, 4096×2560 2.17 / 2.40 →
 # 2.24 / 2.44; 32768×5120 2.61 / 2.75 → 2.83 / 2.95, 4096×5120 2.33 / 2.52 → 2.39 / 2.62.
 BWD_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
-# The Triton reference takes bands where the Pallas kernels do: the backward from ``pallas_config.BANDS_MIN_COLS`` (rows
+# The Triton reference takes bands where the Pallas kernels do: the backward from ``band_tables.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
 # bench/results/sweep_h100_bfloat16_llama_triton_bands_from_16384.md): backward 4096×16384 2.12 → 2.31, 32768×16384 2.55
 # → 2.55, 8192×32768 1.78 → 2.53, 4096×65536 1.78 → 2.55, 2048×131072 1.77 → 2.56; forward 4096×65536 2.11 → 2.61,
 # 2048×131072 1.96 → 2.62 (the band tables' 8 and 16 programs per SM the fastest of 4, 8 and 16 at every shape; the grid
-# then leaves ``pallas_config.BANDS_SPARE`` slots free for other streams' kernels). Below 16384
+# then leaves ``band_tables.BANDS_SPARE`` slots free for other streams' kernels). Below 16384
 # (sweep_h100_bfloat16_llama_triton_bands_below_16384.md, the grid with the spare): 4096×12288 1.90 → 2.22, 32768×12288
 # 2.31 → 2.53, 4096×10240 1.74 → 2.12, 32768×10240 2.12 → 2.47 (the resident row padded to 16384).
-BANDS_MIN_N = pallas_config.BANDS_MIN_COLS  # the backward
+BANDS_MIN_N = band_tables.BANDS_MIN_COLS  # the backward
 FWD_BANDS_MIN_N = FWD_RESIDENT_MAX_N + 1
 
 
@@ -124,12 +124,12 @@ class Config:
 
 def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables and grid
-    (``pallas_config.band_grid``; prefetch is a Pallas kernels' option); None where rows take no bands: shorter than
+    (``band_tables.band_grid``; prefetch is a Pallas kernels' option); None where rows take no bands: shorter than
     ``min_n`` (default ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic
-    does not take them), or more than ``pallas_config.BANDS_MAX_PER_SM`` bands per SM."""
+    does not take them), or more than ``band_tables.BANDS_MAX_PER_SM`` bands per SM."""
     if min_n is None:
         min_n = BANDS_MIN_N if backward else FWD_BANDS_MIN_N
-    grid = pallas_config.band_grid(n, sms, backward=backward, min_cols=min_n)
+    grid = band_tables.band_grid(n, sms, backward=backward, min_cols=min_n)
     if grid is None:
         return None
     (cols, rows, warps, lag, _, _), groups = grid
