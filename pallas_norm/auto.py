@@ -75,11 +75,13 @@ launched by jaxlib's Triton call where ``triton_ffi`` is available (``pallas_con
 its lead over Mosaic GPU there (32768×4096 plain / fused 2.91 / 3.03 against 2.72 / 2.89, 32768×8192 2.93 / 3.03
 against 2.85 / 2.94; ``bench/results/probes_h100_2026-11-26_twentysecond.md`` §3): no change of lowering.
 
-Twenty-third session: so is its backward of rows held as pieces of 2560 and 5120 columns, on the Triton reference's
-tiles (``pallas_config.BWD_FFI_PIECES``), which XLA's launch had collapsed: plain / fused add 32768×5120 2.86 / 2.88
-against Mosaic GPU's 2.74 / 2.87, 4096×5120 2.48 / 2.59 against 2.37 / 2.50, 32768×2560 2.86 / 2.79 against 2.69 /
-2.86, 4096×2560 2.27 / 2.29 against 2.19 / 2.34 (``bench/results/bwd_pieces_ffi_h100.md``): where jaxlib launches it
-(``pallas_config.ffi_backward``), that backward leaves Mosaic GPU.
+Twenty-third session: so is its backward of rows held as pieces (2304, 2560, 5120 columns), on the Triton
+reference's tiles (``pallas_config.BWD_FFI_PIECES``), which XLA's launch had collapsed, and of full rows of 1024
+padded columns, the assembler held to the registers that let the persistent grid's programs fit at once
+(``pallas_config.register_cap``). Plain / fused add TB/s against Mosaic GPU: 32768×5120 2.86 / 2.88 against 2.74 /
+2.87, 4096×5120 2.48 / 2.59 against 2.37 / 2.50 (``bench/results/bwd_pieces_ffi_h100.md``), 32768×2560 2.86 / 2.89
+against 2.69 / 2.86, 4096×2560 2.26 / 2.39 against 2.19 / 2.34 (``probes_h100_2026-11-26_twentythird.md`` §2): where
+jaxlib launches it (``pallas_config.ffi_backward``), that backward leaves Mosaic GPU.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from . import backend, rowmath, triton_ffi
 from .dweight import reduce_dweight
-from .pallas_config import Config, cdiv, pieces_of
+from .pallas_config import Config, cdiv, pieces_of, register_cap
 from .rounding import rounder
 from .tiles import F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight
 
@@ -244,7 +244,7 @@ def _run(call, args: tuple, out_shape, config: Config, interpret: bool) -> tuple
     """``call(*args)`` (a ``pallas_call``'s outputs, a tuple), or with ``config.ffi_launch`` on the GPU the same kernel
     launched by jaxlib's Triton call (``triton_ffi``) instead of by XLA."""
     if config.ffi_launch and not interpret:
-        return tuple(triton_ffi.launch(call, args, out_shape))
+        return tuple(triton_ffi.launch(call, args, out_shape, maxnreg=register_cap(config)))
     return call(*args)
 
 

@@ -17,6 +17,7 @@ from .band_tables import BANDS_MIN_COLS, band_grid
 MAX_RESIDENT_COLS = 16384
 FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1  # the forward takes column bands beyond (band_tables.py)
 MAX_BLOCK_ROWS = 1024
+REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (Volta to Hopper): ``register_cap``
 # The H100 sweep behind every number below: bench/results/sweep_h100_bfloat16_llama.md (kernels timed by CUDA
 # events) unless named. Forward, resident rows off the FWD_RESIDENT table: TARGET_ELEMS elements per program, a warp
 # per FWD_ELEMS_PER_WARP.
@@ -62,10 +63,11 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
 # --jax --ffi`, probes_h100_2026-11-26_twentysecond.md §3), plain / fused add TB/s, XLA's launch → jaxlib's: 4096×2048
 # 2.33 / 2.47 → 2.38 / 2.55, 32768×2048 2.88 / 2.93 → 2.86 / 3.00, 4096×3584 2.46 / 2.64 → 2.54 / 2.72, 32768×3584
 # 2.80 / 2.92 → 2.91 / 3.01, 4096×4096 2.56 / 2.69 → 2.62 / 2.77, 32768×4096 2.87 / 2.94 → 2.91 / 3.03, 4096×8192
-# 2.70 / 2.72 → 2.75 / 2.86, 32768×8192 2.89 / 2.89 → 2.93 / 3.03. Not at 1024 (4096 rows 2.00 / 2.16 → 1.97 / 2.24,
-# 32768 rows 2.77 / 2.85 → 2.72 / 2.89) nor for the pieces (32768×2304's fused add 2.85 → 2.19, 32768×5120 2.78 /
-# 2.80 → 2.62 / 2.79: the triton package compiles them otherwise).
-BWD_FFI_RESIDENT = frozenset({2048, 4096, 8192})
+# 2.70 / 2.72 → 2.75 / 2.86, 32768×8192 2.89 / 2.89 → 2.93 / 3.03. Twenty-third session: with the assembler held to
+# ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2: with and without the cap in alternating processes, two
+# rounds each), 1024 too: XLA's launch → jaxlib's, 32768×1024 2.77 / 2.85 → 2.80 / 2.90 (without the cap 2.72 /
+# 2.90), 4096×1024 1.99 / 2.15 → 2.03 / 2.25 (1.97 / 2.24); 32768×2048's plain 2.85 → 2.90, the other widths ±0.5%.
+BWD_FFI_RESIDENT = frozenset({1024, 2048, 4096, 8192})
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
@@ -117,9 +119,11 @@ BWD_PIECES = {2304: (4, 4, False), 2560: (8, 2, True), 5120: (4, 2, False)}
 # (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...
 # --jax --pieces --ffi`, bench/results/bwd_pieces_ffi_h100.md), plain / fused add TB/s against Mosaic GPU (impl=None's
 # until then): 32768×5120 2.86 / 2.88 against 2.74 / 2.87 (by XLA 1.98 / 2.41), 4096×5120 2.48 / 2.59 against 2.37 /
-# 2.50; 32768×2560 2.86 / 2.79 against 2.69 / 2.86, 4096×2560 2.27 / 2.29 against 2.19 / 2.34. Not 2304 (no tile
-# wins both ways: 4 warps, 4 per SM 2.80 / 2.19 against 2.71 / 2.85 by XLA).
-BWD_FFI_PIECES = {2560: (4, 4, False), 5120: (8, 2, False)}
+# 2.50. With ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2; the sweep ran without it): 32768×2560 2.86 /
+# 2.89 against Mosaic GPU's 2.69 / 2.86 (without the cap the fused add read 2.79), 4096×2560 2.26 / 2.39 against
+# 2.19 / 2.34 (2.29); 32768×2304 2.81 / 2.84 against XLA's launch 2.70 / 2.85 (its fused add took 135 registers
+# and read 2.19 without the cap), 4096×2304 2.17 / 2.32 against 2.11 / 2.32.
+BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
 ONE_PROGRAM_ELEMS = 1 << 16
@@ -175,6 +179,18 @@ def _available() -> bool:
 def one_program(m: int, n: int) -> bool:
     """Whether an ``(m, n)`` backward is small enough for one program (``ONE_PROGRAM_ELEMS``)."""
     return m * n <= ONE_PROGRAM_ELEMS
+
+
+def register_cap(config: Config) -> int | None:
+    """The most registers per thread that let a persistent grid's programs (``config.programs``; None for a grid of
+    row blocks) all be resident at once: ``REGISTERS_PER_SM`` shared by the ⌈programs / SMs⌉ programs of
+    ``num_warps`` warps an SM gets, in whole steps of 8, at most 255. Given to the assembler where jaxlib launches a
+    kernel (``triton_ffi``): it assigns what the code wants otherwise, and the fused add's pieces backward at 2304
+    columns took 135 registers on 4 warps, so 3 of its 4 programs per SM fitted and the grid ran a second wave."""
+    if config.programs is None:
+        return None
+    per_sm = cdiv(config.programs, backend.num_sms())
+    return min(255, REGISTERS_PER_SM // (per_sm * config.num_warps * 32) // 8 * 8)
 
 
 def _pow2(name: str, v: object, limit: int) -> None:

@@ -104,7 +104,7 @@ def _kernel_of(module) -> tuple[str, str, tuple[int, int, int], int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _compile(name: str, ttir: str, grid: tuple[int, int, int], num_warps: int, num_stages: int, cc: int,
-             operands: int) -> Compiled:
+             operands: int, maxnreg: int | None = None) -> Compiled:
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -112,7 +112,7 @@ def _compile(name: str, ttir: str, grid: tuple[int, int, int], num_warps: int, n
         f.write(ttir)
         f.flush()
         binary = triton.compile(f.name, target=GPUTarget("cuda", cc, 32),
-                                options=dict(num_warps=num_warps, num_stages=num_stages))
+                                options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
     md = binary.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise ValueError(f"kernel {name} needs a global scratch buffer, which this launch does not provide")
@@ -131,14 +131,16 @@ def compiled(opaque: bytes) -> Compiled | None:
     return _BY_OPAQUE.get(opaque)
 
 
-def launch(pallas_fn, args, out_shape):
+def launch(pallas_fn, args, out_shape, *, maxnreg: int | None = None):
     """``pallas_fn(*args)`` (a Triton-lowered ``pallas_call`` returning ``out_shape``), launched by jaxlib's Triton
-    call instead of XLA (see the module docstring); ``pallas_fn`` is lowered on its own to read its Triton IR."""
+    call instead of XLA (see the module docstring); ``pallas_fn`` is lowered on its own to read its Triton IR.
+    ``maxnreg``: the most registers per thread the assembler may give it (PTX ``.maxnreg``; None: no limit), so that
+    a persistent grid's programs fit on their SMs at once (``pallas_config.register_cap``)."""
     if not available():
         raise RuntimeError(f"ffi_launch needs an NVIDIA GPU of compute capability >= {MIN_CC / 10}, the triton "
                            f"package and jaxlib's CUDA plugin (and {ENV} not 0); use a Config without ffi_launch")
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
     module = jax.jit(pallas_fn).trace(*specs).lower().compiler_ir("stablehlo")
     out = jax.tree.leaves(out_shape)
-    kernel = _compile(*_kernel_of(module), backend.compute_capability(), len(args) + len(out))
+    kernel = _compile(*_kernel_of(module), backend.compute_capability(), len(args) + len(out), maxnreg)
     return jax.ffi.ffi_call(FFI_TARGET, tuple(out))(*args, opaque=kernel.opaque)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import pallas_norm as pn
-from pallas_norm import auto, backend, pallas_config, triton_ffi
+from pallas_norm import auto, backend, kernels, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
 from helpers import ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
@@ -89,10 +89,10 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
 
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
-    """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (2048, 4096, 8192: 3584 fills 7/8
-    of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; so are the pieces of ``BWD_FFI_PIECES`` (2560,
-    5120), on that table's tile; 1024, the pieces of 2304, padded rows (3000 of 4096) and column bands stay
-    XLA-launched; nothing without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
+    """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
+    fills 7/8 of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; so are the pieces of ``BWD_FFI_PIECES``
+    (2304, 2560, 5120), on that table's tile; padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
+    without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     widths = (2048, 3584, 4096, 8192, 1024, 2304, 2560, 5120, 3000, 16384)
@@ -102,13 +102,37 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "mosaic", "mosaic"]
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
-    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {2048, 3584, 4096, 8192, 2560, 5120}
+    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {1024, 2048, 3584, 4096, 8192, 2304, 2560, 5120}
     assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths if n not in (2560, 5120))
-    tiles = {n: (c.block_rows, c.num_warps, c.programs, c.prefetch, c.pieces) for n in (2560, 5120)
+    tiles = {n: (c.block_rows, c.num_warps, c.programs, c.prefetch, c.pieces) for n in (2304, 2560, 5120)
              for c in [jaxlib[n]]}
-    assert tiles == {2560: (1, 4, 528, False, True), 5120: (1, 8, 264, False, True)}
+    assert tiles == {2304: (1, 4, 528, False, True), 2560: (1, 4, 528, False, True), 5120: (1, 8, 264, False, True)}
     assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "pallas", "pallas"]
     assert auto.lowering(True, 6144) == "mosaic"  # a half of a power of two: not held as pieces
+
+
+def test_register_cap_lets_the_persistent_grid_fit(monkeypatch):
+    """65536 registers per SM shared by the programs an SM gets, in steps of 8, at most 255; none for a grid of row
+    blocks (the resident forward)."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    caps = [pallas_config.register_cap(Config(1, 4096, w, programs=p)) for w, p in
+            ((4, 528), (8, 264), (16, 132), (4, 396), (4, 264), (4, 1), (4, 529))]
+    assert caps == [128, 128, 128, 168, 255, 255, 96]
+    assert pallas_config.register_cap(pallas_config.heuristic(4096, 8192, backward=False)) is None
+
+
+def test_the_jaxlib_launch_gets_the_config_s_register_cap(monkeypatch):
+    """``kernels._run`` hands ``register_cap(config)`` to the jaxlib launch; with the cap dropped (the broken
+    variant), the 2304-column fused add's pieces took 135 registers on 4 warps and its grid ran a second wave."""
+    seen = []
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "launch", lambda call, args, out, *, maxnreg=None: seen.append(maxnreg) or ())
+    for cfg in (Config(1, 4096, 4, programs=528, pieces=True, ffi_launch=True), Config(1, 8192, 16, ffi_launch=True)):
+        kernels._run(None, (), (), cfg, interpret=False)
+    assert seen == [128, None]
+    monkeypatch.setattr(kernels, "register_cap", lambda config: None)
+    kernels._run(None, (), (), Config(1, 4096, 4, programs=528, pieces=True, ffi_launch=True), interpret=False)
+    assert seen[-1] != 128
 
 
 def test_ffi_launch_needs_rows_held_whole_and_the_interpreter_ignores_it():
@@ -161,7 +185,9 @@ def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shap
                                                         ((300, 8192), jnp.float32, "none", 0.0),
                                                         ((5000, 2048), jnp.bfloat16, "gemma", 1.0),
                                                         ((3000, 5120), jnp.bfloat16, "llama", 0.0),
-                                                        ((4099, 2560), jnp.float16, "gemma", 1.0)], ids=str)
+                                                        ((4099, 2560), jnp.float16, "gemma", 1.0),
+                                                        ((5000, 2304), jnp.bfloat16, "gemma", 1.0),
+                                                        ((3000, 1024), jnp.float32, "llama", 0.0)], ids=str)
 def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
     """``impl=None``'s backward at ``BWD_FFI_RESIDENT``'s and ``BWD_FFI_PIECES``' widths holds the jaxlib call, meets
     the accuracy rule, and the fused add's dweight is ``rms_norm(h)``'s bits (both launched the same way)."""
@@ -179,13 +205,26 @@ def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype,
 
 @gpu
 @hopper
+def test_gpu_jaxlib_launched_pieces_hold_the_register_cap():
+    """The fused add's pieces backward at 2304 columns (135 registers unheld) is assembled under ``.maxnreg 128``."""
+    x, w, dy = jax_inputs((5000, 2304), jnp.bfloat16, seed=13)
+    r, _, dh = jax_inputs((5000, 2304), jnp.bfloat16, seed=14)
+    config = pallas_config.heuristic(5000, 2304, backward=True)
+    assert config.ffi_launch and pallas_config.register_cap(config) == 128
+    jax.block_until_ready(jax.vjp(pn.rms_norm_add, x, r, w)[1]((dy, dh)))
+    capped = [c for c in triton_ffi._BY_OPAQUE.values() if c.grid[0] == config.programs and c.num_warps == 4]
+    assert capped and all(".maxnreg 128" in c.ptx for c in capped)
+
+
+@gpu
+@hopper
 def test_gpu_torch_launch_route_backward_gives_jax_bits():
     """``backend="pallas"``'s backward on CUDA tensors launches the jaxlib-launched kernel's PTX: JAX's dx and dweight
     bits, call after call; the XLA-launched kernel of the same tile agrees within a rounding of dx."""
     import torch_bridge
     from torch_bridge.numpy_io import autograd_outputs
 
-    for shape in ((4096, 4096), (999, 8192), (257, 2048), (999, 5120), (513, 2560)):
+    for shape in ((4096, 4096), (999, 8192), (257, 2048), (999, 5120), (513, 2560), (2000, 2304), (3000, 1024)):
         x, w, dy = torch_inputs(shape, torch.bfloat16, seed=6)
         xj, wj, dyj = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
         dx_jax, dw_jax = jax.vjp(pn.rms_norm, xj, wj)[1](dyj)
