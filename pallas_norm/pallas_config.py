@@ -215,7 +215,9 @@ class Config:
     at once to run at speed; ``carry`` (bands): the last ``lag`` blocks' tiles stay in registers until they are
     finished instead of being loaded again (from L1 or L2: no second read, more live registers); ``ffi_launch``
     (the resident forward and backward): compiled by the ``triton`` package and launched by jaxlib's Triton call
-    instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter).
+    instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter), a
+    persistent grid's kernel held to the registers that let its ``programs`` fit at once (``register_cap``: a tile
+    wanting more spills).
     """
 
     block_rows: int
