@@ -90,7 +90,8 @@ def run(shapes: list[tuple[int, int]]) -> None:
 
 def _triton_candidates(n: int, pieces: bool) -> list:
     """The Triton reference's heuristic (first), then ``TRITON_CANDIDATES``; with ``pieces`` the padded tile of
-    ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces (``triton_config.Config.pieces``)."""
+    ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces
+    (``triton_config.Config.pieces``)."""
     from torch_bridge import triton_config
 
     n_pad, heuristic = next_pow2(n), [triton_config.backward_config(n, backend.num_sms())]
@@ -126,11 +127,21 @@ def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-def run_jax(shapes: list[tuple[int, int]],
-            table: list[tuple[int, int, int, bool]] | str | None = JAX_CANDIDATES) -> None:
-    """The ``table``'s candidates (None: ``_piece_candidates``; ``"ffi"``: the heuristic's config launched by XLA and
-    by jaxlib's Triton call, ``Config.ffi_launch``; ``"pieces-ffi"``: every pieces candidate both ways) and Mosaic
-    GPU, timed through JAX
+def _jax_configs(m: int, n: int, table: list[tuple[int, int, int, bool]] | None, ffi: bool) -> list:
+    """One shape's candidates: the ``table``'s tilings (None: ``_piece_candidates``, each launched by XLA and by
+    jaxlib's Triton call with ``ffi``); with ``ffi`` and a table, the heuristic's config launched both ways instead
+    (``Config.ffi_launch``)."""
+    if table is None:
+        return _piece_candidates(n, backend.num_sms(), ffi=ffi)
+    if ffi:
+        heuristic = pallas_config.heuristic(m, n, backward=True)
+        return [dataclasses.replace(heuristic, ffi_launch=f) for f in (False, True)]
+    return _candidates(n, backend.num_sms(), table)
+
+
+def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool]] | None = JAX_CANDIDATES, *,
+            ffi: bool = False) -> None:
+    """``_jax_configs``' candidates and Mosaic GPU, timed through JAX
     (``timing.time_jax``) from ``timing.rotations`` sets of bf16 inputs: ``rms_norm``'s backward (x, weight → dx,
     dweight) and ``rms_norm_add``'s (h, dy, dh_out → dh, dweight; dx and dresidual are the same values, one is kept
     as in ``bench fused``)."""
@@ -144,14 +155,8 @@ def run_jax(shapes: list[tuple[int, int]],
         keys = jax.random.split(jax.random.PRNGKey(m ^ n), 4 * reps + 1)
         w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
         sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
+        configs = _jax_configs(m, n, table, ffi)
         for fused in (False, True):
-            if table == "ffi":
-                heuristic = pallas_config.heuristic(m, n, backward=True)
-                configs = [dataclasses.replace(heuristic, ffi_launch=f) for f in (False, True)]
-            elif table is None or table == "pieces-ffi":
-                configs = _piece_candidates(n, backend.num_sms(), ffi=table == "pieces-ffi")
-            else:
-                configs = _candidates(n, backend.num_sms(), table)
             for cfg in configs + ["mosaic"]:
                 kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
                                                                                        bwd_config=cfg)
@@ -175,9 +180,9 @@ if __name__ == "__main__":
     parsed = [tuple(map(int, s.split("x"))) for s in sys.argv[1].split(",")]
     if "--jax" in sys.argv[2:]:
         flags = sys.argv[2:]
-        pieces, ffi = "--pieces" in flags, "--ffi" in flags
-        run_jax(parsed, HEAD_CANDIDATES if "--heads" in flags else ("pieces-ffi" if ffi else None) if pieces else
-                "ffi" if ffi else JAX_CANDIDATES)
+        heads = "--heads" in flags
+        run_jax(parsed, HEAD_CANDIDATES if heads else None if "--pieces" in flags else JAX_CANDIDATES,
+                ffi="--ffi" in flags and not heads)
     elif "--triton" in sys.argv[2:]:
         run_triton(parsed, "--pieces" in sys.argv[2:])
     else:

@@ -290,10 +290,10 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
 
 
 def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None) -> Config | None:
-    """The heuristic's band config for an ``(m, n)`` launch (``band_tables.BANDS``/``FWD_BANDS``), or None where rows are
-    shorter than ``min_cols`` (default ``BANDS_MIN_COLS`` / ``FWD_BANDS_MIN_COLS``; the bench passes 0 to time bands
-    where the heuristic does not take them), have more than ``BANDS_MAX_PER_SM`` bands per SM, or the backward is
-    small enough for one program (``one_program``: one launch storing dweight)."""
+    """The heuristic's band config for an ``(m, n)`` launch (``band_tables.BANDS``/``FWD_BANDS``), or None where rows
+    are shorter than ``min_cols`` (default ``BANDS_MIN_COLS`` / ``FWD_BANDS_MIN_COLS``; the bench passes 0 to time
+    bands where the heuristic does not take them), have more than ``BANDS_MAX_PER_SM`` bands per SM, or the backward
+    is small enough for one program (``one_program``: one launch storing dweight)."""
     if min_cols is None:
         min_cols = BANDS_MIN_COLS if backward else FWD_BANDS_MIN_COLS
     grid = band_grid(n, backend.num_sms(), backward=backward, min_cols=min_cols)
