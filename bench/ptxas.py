@@ -21,6 +21,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+from pallas_norm import backend, mosaic_config
+
 ENV = "MOSAIC_GPU_DUMP_PTXAS"
 REGISTERS_PER_SM = 65536
 WARP_ALLOCATION = 256  # registers are allocated per warp in units of 256
@@ -79,3 +81,17 @@ def capture() -> Iterator[dict[str, dict[str, int]]]:
             rest = [line for line in text.splitlines() if not line.startswith(("ptxas", "    "))]
             if any(line.strip() for line in rest):
                 print("\n".join(rest), file=sys.stderr, flush=True)
+
+
+def mosaic_resources(report: dict[str, dict[str, int]], mode: str, plan: mosaic_config.Plan | None) -> str:
+    """The main kernel's line of ptxas's ``report`` (``capture``): registers, spill bytes, and the CTAs per
+    SM those registers allow against the ones the plan's persistent grid asks for ("" when nothing was compiled:
+    a launcher built earlier)."""
+    main = next((r for name, r in report.items() if f"norm_{mode}" in name and "reduce" not in name), None)
+    if main is None:
+        return ""
+    text = f"{main['registers']} regs, {main['spill_stores']} B spilled"
+    if plan is not None:
+        asked = -(-plan.programs * plan.cluster // backend.num_sms())
+        text += f", {resident_ctas(main['registers'], mosaic_config.THREADS)} CTAs/SM by registers (asks {asked})"
+    return text

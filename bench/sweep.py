@@ -161,20 +161,6 @@ def _mosaic_plan(cfg, m: int, n: int, row_bytes: int, itemsize: int, backward: b
         return None
 
 
-def mosaic_resources(report: dict[str, dict[str, int]], mode: str, plan: mosaic_config.Plan | None) -> str:
-    """The main kernel's line of ptxas's ``report`` (``ptxas.capture``): registers, spill bytes, and the CTAs per
-    SM those registers allow against the ones the plan's persistent grid asks for ("" when nothing was compiled:
-    a launcher built earlier)."""
-    main = next((r for name, r in report.items() if f"norm_{mode}" in name and "reduce" not in name), None)
-    if main is None:
-        return ""
-    text = f"{main['registers']} regs, {main['spill_stores']} B spilled"
-    if plan is not None:
-        asked = -(-plan.programs * plan.cluster // backend.num_sms())
-        text += f", {ptxas.resident_ctas(main['registers'], mosaic_config.THREADS)} CTAs/SM by registers (asks {asked})"
-    return text
-
-
 def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
     return (triton_config.backward_config if backward else triton_config.forward_config)(n, backend.num_sms())
 
@@ -276,7 +262,7 @@ def _pallas_rows(m: int, n: int, dtype, casting: str, quick: bool, kernel: str =
                 row["resources"] = f"{main.registers} regs, {main.local_bytes} B spilled"
             elif kernel == "mosaic":
                 plan = _mosaic_plan(cfg, m, n, x.element_size() * (2 if backward else 1), x.element_size(), backward)
-                row["resources"] = mosaic_resources(report, "bwd" if backward else "fwd", plan)
+                row["resources"] = ptxas.mosaic_resources(report, "bwd" if backward else "fwd", plan)
             rows.append(row)
     return rows
 

@@ -192,16 +192,16 @@ def test_ptxas_report_is_read_off_the_c_level_stderr(monkeypatch, capfd, variant
 def test_registers_decide_how_many_ctas_an_sm_holds():
     """Registers are allocated per warp in units of 256: 255 per thread leave room for 2 CTAs of one warpgroup
     (what the Mosaic backward gets from 8192 columns per CTA), 168 for 3, and the sweep's column says both."""
-    from bench import ptxas, sweep
+    from bench import ptxas
     from pallas_norm import backend, mosaic_config
 
     assert [ptxas.resident_ctas(r, 128) for r in (255, 168, 169, 32, 0)] == [2, 3, 2, 16, 0]
     assert ptxas.resident_ctas(255, 256) == 1
     plan = mosaic_config.fit(None, 2048, 131072, row_bytes=4, weight_bytes=2, widest=2, backward=True)
-    text = sweep.mosaic_resources(ptxas.parse(PTXAS_REPORT), "bwd", plan)
+    text = ptxas.mosaic_resources(ptxas.parse(PTXAS_REPORT), "bwd", plan)
     asked = -(-plan.programs * plan.cluster // backend.num_sms())
     assert text == f"255 regs, 76 B spilled, 2 CTAs/SM by registers (asks {asked})"
-    assert sweep.mosaic_resources({}, "bwd", plan) == ""
+    assert ptxas.mosaic_resources({}, "bwd", plan) == ""
 
 
 def test_bwd_candidates_for_the_triton_reference_s_pieces(monkeypatch):
