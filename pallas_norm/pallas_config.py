@@ -124,6 +124,13 @@ BWD_PIECES = {2304: (4, 4, False), 2560: (8, 2, True), 5120: (4, 2, False)}
 # 2.19 / 2.34 (2.29); 32768×2304 2.81 / 2.84 against XLA's launch 2.70 / 2.85 (its fused add took 135 registers
 # and read 2.19 without the cap), 4096×2304 2.17 / 2.32 against 2.11 / 2.32.
 BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
+# rms_norm's backward (not the fused add's) of those rows: (warps, prefetch, most rows per program or None) on
+# BWD_FFI_PIECES' grid, one row per program at a time, so dweight keeps the fused add's bits (dx's follow the warps).
+# Twenty-fourth session (H100, bf16, from JAX; probes_h100_2026-11-26_twentyfourth.md §7): 5120 on 4 warps,
+# prefetching, at 4096 / 8192 / 16384 / 32768 rows 2.47 → 2.59, 2.67 → 2.78, 2.78 → 2.87, 2.84 → 2.88 TB/s; 2304
+# prefetching up to 32 rows per program 2.17 → 2.34, 2.48 → 2.60, 2.69 → 2.78 (at 62, 32768 rows: 2.81 → 2.73).
+# The fused add's backward, with dh_out a third row in flight, loses 3-13% either way.
+BWD_FFI_PIECES_PLAIN = {2304: (4, True, 32), 5120: (4, True, None)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
 ONE_PROGRAM_ELEMS = 1 << 16
@@ -256,7 +263,7 @@ class Config:
 
 def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
-    add's forward (``FWD_ADD_RESIDENT``)."""
+    add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``)."""
     n_pad = next_pow2(n)
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
@@ -285,6 +292,10 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
         elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
+    if pieces and ffi and not fused and n in BWD_FFI_PIECES_PLAIN:
+        plain_warps, plain_prefetch, most = BWD_FFI_PIECES_PLAIN[n]
+        if most is None or cdiv(max(m, 1), programs) <= most:
+            warps, prefetch = plain_warps, plain_prefetch
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight,
                       pieces=pieces, ffi_launch=ffi), m, n, backward=True)
 
@@ -310,7 +321,7 @@ def _grid(per_sm: int, chunks: int, backward: bool) -> int:
 
 
 def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
-    """``config`` (the heuristic's when None; ``fused``: the fused add's forward) for an ``(m, n)`` launch:
+    """``config`` (the heuristic's when None; ``fused``: the fused add's) for an ``(m, n)`` launch:
     ``block_cols`` at most N's padded length and, where a persistent grid runs (the backward; the long-row forward),
     a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
     if config is None:

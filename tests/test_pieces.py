@@ -3,6 +3,8 @@ the accuracy rule in every mode, the fused add's dweight bits, the heuristic and
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +88,41 @@ def test_heuristic_takes_pieces_at_the_table_s_widths(monkeypatch):
         assert not pallas_config.heuristic(4096, n, backward=True).pieces, n
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "mosaic", "mosaic"]
+
+
+def _shares_grid(plain: Config, fused: Config) -> bool:
+    """What keeps dweight's bits between two backward tiles: the programs and the rows each takes at a time."""
+    return (plain.programs, plain.block_rows, plain.block_cols, plain.pieces) == (
+        fused.programs, fused.block_rows, fused.block_cols, fused.pieces)
+
+
+def test_plain_backward_takes_its_own_tile_on_the_fused_add_s_grid(monkeypatch):
+    """Where jaxlib launches the pieces, ``rms_norm``'s backward takes ``BWD_FFI_PIECES_PLAIN``'s warps and prefetch
+    (5120: 4 warps, prefetching; 2304: prefetching up to 32 rows per program) on the fused add's grid, so dweight
+    keeps the fused add's bits: shown under the interpreter, where prefetching moves the loads (the GPU's bits:
+    ``test_triton_ffi.py``). Broken variant: a plain tile on half the programs fails both checks."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = ((4096, 5120), (32768, 5120), (4096, 2304), (16896, 2304), (16897, 2304), (4096, 2560))
+    configs = {s: [pallas_config.heuristic(*s, backward=True, fused=f) for f in (False, True)] for s in shapes}
+    tiles = {s: tuple((c.num_warps, c.prefetch) for c in pair) for s, pair in configs.items()}
+    assert tiles == {(4096, 5120): ((4, True), (8, False)), (32768, 5120): ((4, True), (8, False)),
+                     (4096, 2304): ((4, True), (4, False)), (16896, 2304): ((4, True), (4, False)),
+                     (16897, 2304): ((4, False), (4, False)), (4096, 2560): ((4, False), (4, False))}
+    assert all(_shares_grid(*pair) for pair in configs.values())
+    monkeypatch.setattr(backend, "num_sms", lambda: 4)  # a few rows per program under the interpreter
+    for shape in ((40, 5120), (45, 2304)):
+        plain_cfg, fused_cfg = (pallas_config.fit(None, *shape, backward=True, fused=f) for f in (False, True))
+        assert plain_cfg.prefetch and not fused_cfg.prefetch and plain_cfg.programs < shape[0]
+        x, w, dy = jax_inputs(shape, jnp.bfloat16, 0.0, seed=7, weight_dtype=jnp.float32)
+        r, _, dh = jax_inputs(shape, jnp.bfloat16, 0.0, seed=8)
+        plain, fused = _dweights(x, r, w, dy, dh, "interpret", None)
+        assert_same_bits(fused, plain)
+    broken = dataclasses.replace(plain_cfg, programs=plain_cfg.programs // 2)
+    assert not _shares_grid(broken, fused_cfg)
+    h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+    other = jax.vjp(lambda b: pn.rms_norm(h, b, impl="interpret", bwd_config=broken), w)[1](dy)[0]
+    assert not np.array_equal(np.asarray(other), np.asarray(fused))
 
 
 def test_pieces_only_tile_the_resident_backward():

@@ -91,7 +91,8 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
     fills 7/8 of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; so are the pieces of ``BWD_FFI_PIECES``
-    (2304, 2560, 5120), on that table's tile; padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
+    (2304, 2560, 5120), on that table's grid (the plain backward's 5120 on ``BWD_FFI_PIECES_PLAIN``'s 4 warps,
+    prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
     without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
@@ -106,7 +107,7 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths if n not in (2560, 5120))
     tiles = {n: (c.block_rows, c.num_warps, c.programs, c.prefetch, c.pieces) for n in (2304, 2560, 5120)
              for c in [jaxlib[n]]}
-    assert tiles == {2304: (1, 4, 528, False, True), 2560: (1, 4, 528, False, True), 5120: (1, 8, 264, False, True)}
+    assert tiles == {2304: (1, 4, 528, False, True), 2560: (1, 4, 528, False, True), 5120: (1, 4, 264, True, True)}
     assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "pallas", "pallas"]
     assert auto.lowering(True, 6144) == "mosaic"  # a half of a power of two: not held as pieces
 
