@@ -64,7 +64,7 @@ def _piece_candidates(n: int, sms: int, ffi: bool = False) -> list[Config | None
 
 def _line(m: int, n: int, fused: bool, seconds: float, cfg: Config | str | None) -> str:
     """``MxN plain|fused TB/s config``: bytes 3·M·N·2 (plain) or 4·M·N·2 (fused); None names the heuristic."""
-    name = cfg if cfg == "mosaic" else (f"{cfg or pallas_config.heuristic(m, n, backward=True)}"
+    name = cfg if cfg == "mosaic" else (f"{cfg or pallas_config.heuristic(m, n, backward=True, fused=fused)}"
                                         f"{' (heuristic)' if cfg is None else ''}")
     return f"{m}x{n} {'fused' if fused else 'plain'} {(4 if fused else 3) * m * n * 2 / seconds / 1e12:.2f} TB/s {name}"
 
@@ -88,13 +88,13 @@ def run(shapes: list[tuple[int, int]]) -> None:
         torch.cuda.empty_cache()
 
 
-def _triton_candidates(n: int, pieces: bool) -> list:
-    """The Triton reference's heuristic (first), then ``TRITON_CANDIDATES``; with ``pieces`` the padded tile of
-    ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces
+def _triton_candidates(n: int, pieces: bool, fused: bool = False) -> list:
+    """The Triton reference's heuristic (first; ``fused``: the fused add's), then ``TRITON_CANDIDATES``; with
+    ``pieces`` the padded tile of ``TRITON_PADDED``, then ``PIECE_CANDIDATES`` and ``PIECES_MORE`` held as pieces
     (``triton_config.Config.pieces``)."""
     from torch_bridge import triton_config
 
-    n_pad, heuristic = next_pow2(n), [triton_config.backward_config(n, backend.num_sms())]
+    n_pad, heuristic = next_pow2(n), [triton_config.backward_config(n, backend.num_sms(), fused=fused)]
     if not pieces:
         return heuristic + [triton_config.Config(e // n_pad, n_pad, warps, programs_per_sm=per_sm, prefetch=pf)
                             for e, warps, per_sm, pf in TRITON_CANDIDATES if e >= n_pad]
@@ -113,10 +113,9 @@ def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
         x, w, dy = timing.inputs(m, n, torch.bfloat16, 0.0)
         dh = timing.inputs(m, n, torch.bfloat16, 0.0, seed=3)[2]
         rstd = triton_kernels.rms_norm_fwd(x, w, timing.EPS, 0.0, "llama")[1]
-        configs = _triton_candidates(n, pieces)
         sets = timing.input_sets((x, w, dy, rstd, dh))  # the plain backward ignores dh
         for fused in (False, True):
-            for k, cfg in enumerate(configs):
+            for k, cfg in enumerate(_triton_candidates(n, pieces, fused)):
                 def call(a, b, g, r, d, cfg=cfg, fused=fused):
                     return triton_kernels.rms_norm_bwd(g, a, b, r, 0.0, "llama", True, True, config=cfg,
                                                        dh_out=d if fused else None)
@@ -127,14 +126,15 @@ def run_triton(shapes: list[tuple[int, int]], pieces: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-def _jax_configs(m: int, n: int, table: list[tuple[int, int, int, bool]] | None, ffi: bool) -> list:
+def _jax_configs(m: int, n: int, table: list[tuple[int, int, int, bool]] | None, ffi: bool,
+                 fused: bool = False) -> list:
     """One shape's candidates: the ``table``'s tilings (None: ``_piece_candidates``, each launched by XLA and by
-    jaxlib's Triton call with ``ffi``); with ``ffi`` and a table, the heuristic's config launched both ways instead
-    (``Config.ffi_launch``)."""
+    jaxlib's Triton call with ``ffi``); with ``ffi`` and a table, the heuristic's config (``fused``: the fused add's)
+    launched both ways instead (``Config.ffi_launch``)."""
     if table is None:
         return _piece_candidates(n, backend.num_sms(), ffi=ffi)
     if ffi:
-        heuristic = pallas_config.heuristic(m, n, backward=True)
+        heuristic = pallas_config.heuristic(m, n, backward=True, fused=fused)
         return [dataclasses.replace(heuristic, ffi_launch=f) for f in (False, True)]
     return _candidates(n, backend.num_sms(), table)
 
@@ -155,9 +155,8 @@ def run_jax(shapes: list[tuple[int, int]], table: list[tuple[int, int, int, bool
         keys = jax.random.split(jax.random.PRNGKey(m ^ n), 4 * reps + 1)
         w = (1 + 0.1 * jax.random.normal(keys[-1], (n,))).astype(jnp.bfloat16)
         sets = [[jax.random.normal(k, (m, n), jnp.bfloat16) for k in keys[4 * i:4 * i + 4]] for i in range(reps)]
-        configs = _jax_configs(m, n, table, ffi)
         for fused in (False, True):
-            for cfg in configs + ["mosaic"]:
+            for cfg in _jax_configs(m, n, table, ffi, fused) + ["mosaic"]:
                 kw = dict(eps=timing.EPS, impl="mosaic") if cfg == "mosaic" else dict(eps=timing.EPS, impl="pallas",
                                                                                        bwd_config=cfg)
                 if fused:

@@ -205,9 +205,9 @@ def test_registers_decide_how_many_ctas_an_sm_holds():
 
 
 def test_bwd_candidates_for_the_triton_reference_s_pieces(monkeypatch):
-    """``bench.bwd_candidates --triton --pieces``: the heuristic first (at 2304 held as pieces), then the padded tile
-    it replaced (one row of 4096 lanes, 8 warps, prefetching), then every pieces tile of both lists, one row per
-    program; without ``--pieces`` no candidate is held as pieces."""
+    """``bench.bwd_candidates --triton --pieces``: the heuristic first (at 2304 held as pieces; the fused add's for
+    the fused add's backward), then the padded tile it replaced (one row of 4096 lanes, 8 warps, prefetching), then
+    every pieces tile of both lists, one row per program; without ``--pieces`` no candidate is held as pieces."""
     from bench import bwd_candidates
     from pallas_norm import backend
     from torch_bridge import triton_config
@@ -220,6 +220,8 @@ def test_bwd_candidates_for_the_triton_reference_s_pieces(monkeypatch):
         bwd_candidates.PIECE_CANDIDATES + bwd_candidates.PIECES_MORE)
     assert all(c.pieces and c.block_m == 1 and c.block_n == 4096 for c in configs[2:])
     assert not any(c.pieces for c in bwd_candidates._triton_candidates(2304, pieces=False)[1:])
+    fused = bwd_candidates._triton_candidates(2304, pieces=True, fused=True)
+    assert fused[0] == triton_config.backward_config(2304, 132, fused=True) != configs[0] and fused[1:] == configs[1:]
 
 
 def test_bwd_candidates_pieces_launched_both_ways(monkeypatch):

@@ -71,13 +71,31 @@ def test_dweight_is_the_padded_kernel_s_bits(casting, offset):
 
 
 def test_heuristic_takes_pieces_at_the_table_s_widths():
-    """``BWD_PIECES``' widths take one-row programs of pieces at the table's tile; halves of a power of two, powers
-    of two and other widths keep the padded tile."""
+    """``BWD_PIECES``' widths take one-row programs of pieces at the table's tile (the fused add's; ``rms_norm``'s
+    on ``BWD_PIECES_PLAIN``'s warps and prefetch, the same grid); halves of a power of two, powers of two and other
+    widths keep the padded tile."""
     tiles = {n: (c.block_m, c.num_warps, c.programs_per_sm, c.prefetch) for n in (2304, 2560, 5120)
-             for c in [triton_config.backward_config(n, 132)] if c.pieces}
+             for c in [triton_config.backward_config(n, 132, fused=True)] if c.pieces}
     assert tiles == {n: (1, *triton_config.BWD_PIECES[n]) for n in (2304, 2560, 5120)}
+    for n in (2304, 2560, 5120):
+        plain, fused = (triton_config.backward_config(n, 132, fused=f) for f in (False, True))
+        assert (plain.num_warps, plain.prefetch) == triton_config.BWD_PIECES_PLAIN[n]
+        assert dataclasses.replace(plain, num_warps=fused.num_warps, prefetch=fused.prefetch) == fused
     for n in (1536, 3072, 6144, 2048, 4096, 2300, 1000, 3584, 16384):
         assert not triton_config.backward_config(n, 132).pieces, n
+
+
+def test_plain_and_fused_add_tiles_give_one_dweight():
+    """``rms_norm``'s backward and the fused add's run other warps and prefetching on one grid (one row per program
+    at a time): the same dweight bits, shown under the interpreter, where prefetching moves the loads (several rows
+    per program here). Broken variant: the plain tile on another grid gives other bits."""
+    x, w, dy = torch_inputs((21, 5120), torch.bfloat16, 0.0, seed=3, weight_dtype=torch.float32)
+    dh = torch_inputs((21, 5120), torch.bfloat16, 0.0, seed=4)[2]
+    plain = _backward(x, w, dy, 0.0, "llama", None)[2]
+    fused = _backward(x, w, dy, 0.0, "llama", None, dh_out=dh)[2]
+    assert torch.equal(fused, plain)
+    elsewhere = dataclasses.replace(triton_config.backward_config(5120, 132), programs_per_sm=1)
+    assert not torch.equal(_backward(x, w, dy, 0.0, "llama", elsewhere)[2], plain)
 
 
 def test_pieces_only_tile_the_resident_backward_of_two_pieces():

@@ -55,6 +55,11 @@ BWD_FEW_WARPS_MAX_N = 1024
 # 2.78 / 2.82, 4096×2304 2.08 / 2.27 → 2.13 / 2.31; 32768×2560 2.57 / 2.76 → 2.83 / 2.91, 4096×2560 2.17 / 2.40 →
 # 2.24 / 2.44; 32768×5120 2.61 / 2.75 → 2.83 / 2.95, 4096×5120 2.33 / 2.52 → 2.39 / 2.62.
 BWD_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
+# rms_norm's backward (not the fused add's) of those rows: (warps, prefetch) on BWD_PIECES' grid, one row per program
+# at a time, so dweight keeps the fused add's bits (dx's follow the warps). Twenty-fourth session (H100, bf16, kernels
+# timed over rotated inputs; bench/results/probes_h100_2026-11-26_twentyfourth.md §8), plain TB/s at 4096 / 32768
+# rows: 2304 2.14 → 2.28, 2.76 → 2.86; 2560 2.25 → 2.36, 2.83 → 2.87; 5120 2.40 → 2.53, 2.83 → 2.84.
+BWD_PIECES_PLAIN = {2304: (2, True), 2560: (2, True), 5120: (4, True)}
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``band_tables.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
@@ -160,15 +165,18 @@ def chunked_forward_config() -> Config:
 
 
 @functools.cache
-def backward_config(n: int, sms: int = 132) -> Config:
-    """``BWD_PIECES``' widths held as their pieces; one warp per 512 tile elements (x, dy and a dweight partial are
-    live; per 1024 up to ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long
-    rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns
-    bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+def backward_config(n: int, sms: int = 132, fused: bool = False) -> Config:
+    """``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
+    warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
+    ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
+    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
+    of ``sms`` SMs (the launcher uses them for float32 compute only)."""
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n in BWD_PIECES:
         warps, per_sm, prefetch = BWD_PIECES[n]
+        if not fused and n in BWD_PIECES_PLAIN:
+            warps, prefetch = BWD_PIECES_PLAIN[n]
         return Config(1, next_pow2(n), warps, programs_per_sm=per_sm, prefetch=prefetch, pieces=True)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)

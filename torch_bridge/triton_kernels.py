@@ -265,7 +265,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     ``dx = r(dx_norm + dh_out)``, i.e. ``dh``.
     """
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x))
+    has_dh = dh_out is not None and need_dx
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), fused=has_dh)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
@@ -280,7 +281,6 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     w_arg = weight if weight is not None else x
     chunked = cfg.chunked(N)
     c = rstd  # placeholder pointer when unused
-    has_dh = dh_out is not None and need_dx
     key = (M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config, x.get_device(), has_dh)
     if chunked and need_dx:
         c = x.new_empty((M,), dtype=cdt)
