@@ -125,12 +125,15 @@ def test_backward_prefetch_changes_no_bits(config, casting):
 
 def test_backward_heuristic_prefetches_resident_rows():
     """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192); per-head
-    rows (128, 256) do not, nor rows held as their pieces (2304, 5120: ``BWD_PIECES``); longer rows than 8192 run on
-    column bands."""
+    rows (128, 256) do not, nor the fused add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``), whose
+    plain backward does (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands."""
     picks = {n: (c.prefetch, c.programs_per_sm) for n in (128, 256, 512, 2300, 2304, 5000, 5120, 8192)
              for c in [triton_config.backward_config(n)]}
-    assert picks == {128: (False, 2), 256: (False, 2), 512: (True, 2), 2300: (True, 2), 2304: (False, 4),
-                     5000: (True, 1), 5120: (False, 2), 8192: (True, 1)}
+    assert picks == {128: (False, 2), 256: (False, 2), 512: (True, 2), 2300: (True, 2), 2304: (True, 4),
+                     5000: (True, 1), 5120: (True, 2), 8192: (True, 1)}
+    fused = {n: (c.prefetch, c.programs_per_sm) for n in (2304, 5120, 8192)
+             for c in [triton_config.backward_config(n, fused=True)]}
+    assert fused == {2304: (False, 4), 5120: (False, 2), 8192: (True, 1)}
     assert triton_config.backward_config(10000).lag
     with pytest.raises(ValueError, match="prefetch"):
         triton_config.Config(block_m=1, block_n=256, num_warps=1, prefetch=1)

@@ -210,7 +210,7 @@ def test_gpu_jaxlib_launched_pieces_hold_the_register_cap():
     """The fused add's pieces backward at 2304 columns (135 registers unheld) is assembled under ``.maxnreg 128``."""
     x, w, dy = jax_inputs((5000, 2304), jnp.bfloat16, seed=13)
     r, _, dh = jax_inputs((5000, 2304), jnp.bfloat16, seed=14)
-    config = pallas_config.heuristic(5000, 2304, backward=True)
+    config = pallas_config.heuristic(5000, 2304, backward=True, fused=True)
     assert config.ffi_launch and pallas_config.register_cap(config) == 128
     jax.block_until_ready(jax.vjp(pn.rms_norm_add, x, r, w)[1]((dy, dh)))
     capped = [c for c in triton_ffi._BY_OPAQUE.values() if c.grid[0] == config.programs and c.num_warps == 4]
