@@ -22,9 +22,9 @@ import tempfile
 from collections.abc import Iterator
 
 from pallas_norm import backend, mosaic_config
+from pallas_norm.pallas_config import REGISTERS_PER_SM
 
 ENV = "MOSAIC_GPU_DUMP_PTXAS"
-REGISTERS_PER_SM = 65536
 WARP_ALLOCATION = 256  # registers are allocated per warp in units of 256
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
