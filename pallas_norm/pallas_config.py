@@ -11,6 +11,8 @@ import dataclasses
 
 from . import backend
 from .band_tables import BANDS_MIN_COLS, band_grid
+from .ffi_tables import (BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401 (re-exported)
+                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
@@ -48,26 +50,6 @@ FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
 # fused forward keeps 8 warps against the plain's 32 (the plain's tile would cost it 8%, the reverse the plain 3%),
 # and its y agrees with rms_norm(h) to the accuracy rule only (docs/jax.md says so).
 FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 16384: (1, 8)}
-# The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of full rows of these
-# padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is available (``Config.ffi_launch``: the
-# driver's L1 carveout, not XLA's most-shared-memory one): (block_rows, warps). H100, bf16, kernels timed from JAX
-# (bench/results/ffi_launch_h100.md): 32768×16384 2.99 TB/s on 16 warps (32, XLA's tile, 2.47 this way, 2.92 by
-# XLA); 4096×16384 2.89 (XLA 2.82); rows of 32768 held whole 2.99 at 8192×32768 (XLA's launch 2.45, the bands 2.68,
-# Mosaic GPU 2.74); 32768×8192 3.02 (XLA, 8 warps, 2.97), 4096×8192 2.84 (2.81); shorter rows lose 1-10% this way
-# (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
-# probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
-FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
-# The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
-# of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
-# BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...
-# --jax --ffi`, probes_h100_2026-11-26_twentysecond.md §3), plain / fused add TB/s, XLA's launch → jaxlib's: 4096×2048
-# 2.33 / 2.47 → 2.38 / 2.55, 32768×2048 2.88 / 2.93 → 2.86 / 3.00, 4096×3584 2.46 / 2.64 → 2.54 / 2.72, 32768×3584
-# 2.80 / 2.92 → 2.91 / 3.01, 4096×4096 2.56 / 2.69 → 2.62 / 2.77, 32768×4096 2.87 / 2.94 → 2.91 / 3.03, 4096×8192
-# 2.70 / 2.72 → 2.75 / 2.86, 32768×8192 2.89 / 2.89 → 2.93 / 3.03. Twenty-third session: with the assembler held to
-# ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2: with and without the cap in alternating processes, two
-# rounds each), 1024 too: XLA's launch → jaxlib's, 32768×1024 2.77 / 2.85 → 2.80 / 2.90 (without the cap 2.72 /
-# 2.90), 4096×1024 1.99 / 2.15 → 2.03 / 2.25 (1.97 / 2.24); 32768×2048's plain 2.85 → 2.90, the other widths ±0.5%.
-BWD_FFI_RESIDENT = frozenset({1024, 2048, 4096, 8192})
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
@@ -114,23 +96,6 @@ BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
 # backward: the fused add's dweight is rms_norm's bits; prefetching spills the fused one at 5120, 1.89). Halves of
 # a power of two (1536, 3072, 6144) lose to their padded tile: not taken.
 BWD_PIECES = {2304: (4, 4, False), 2560: (8, 2, True), 5120: (4, 2, False)}
-# The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
-# is available, on these tiles instead of BWD_PIECES': (warps, programs per SM, prefetch), the Triton reference's
-# (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...
-# --jax --pieces --ffi`, bench/results/bwd_pieces_ffi_h100.md), plain / fused add TB/s against Mosaic GPU (impl=None's
-# until then): 32768×5120 2.86 / 2.88 against 2.74 / 2.87 (by XLA 1.98 / 2.41), 4096×5120 2.48 / 2.59 against 2.37 /
-# 2.50. With ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2; the sweep ran without it): 32768×2560 2.86 /
-# 2.89 against Mosaic GPU's 2.69 / 2.86 (without the cap the fused add read 2.79), 4096×2560 2.26 / 2.39 against
-# 2.19 / 2.34 (2.29); 32768×2304 2.81 / 2.84 against XLA's launch 2.70 / 2.85 (its fused add took 135 registers
-# and read 2.19 without the cap), 4096×2304 2.17 / 2.32 against 2.11 / 2.32.
-BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
-# rms_norm's backward (not the fused add's) of those rows: (warps, prefetch, most rows per program or None) on
-# BWD_FFI_PIECES' grid, one row per program at a time, so dweight keeps the fused add's bits (dx's follow the warps).
-# Twenty-fourth session (H100, bf16, from JAX; probes_h100_2026-11-26_twentyfourth.md §7): 5120 on 4 warps,
-# prefetching, at 4096 / 8192 / 16384 / 32768 rows 2.47 → 2.59, 2.67 → 2.78, 2.78 → 2.87, 2.84 → 2.88 TB/s; 2304
-# prefetching up to 32 rows per program 2.17 → 2.34, 2.48 → 2.60, 2.69 → 2.78 (at 62, 32768 rows: 2.81 → 2.73).
-# The fused add's backward, with dh_out a third row in flight, loses 3-13% either way.
-BWD_FFI_PIECES_PLAIN = {2304: (4, True, 32), 5120: (4, True, None)}
 # Backward inputs of at most this many elements run as one program (per column chunk) that stores dweight itself:
 # one launch instead of the partials and their reduction (such calls are host-bound; the GPU time is a few µs).
 ONE_PROGRAM_ELEMS = 1 << 16
@@ -162,6 +127,13 @@ def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
     return _ffi(n, FWD_FFI_RESIDENT)
+
+
+def ffi_few_rows(m: int, n: int) -> bool:
+    """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` columns is launched by jaxlib's Triton
+    call on its XLA tile (``FWD_FFI_FEW_ROWS``: full rows of those padded lengths, at most that many rows per SM)."""
+    per_sm = FWD_FFI_FEW_ROWS.get(next_pow2(n))
+    return per_sm is not None and full_row(n) and _available() and m <= per_sm * backend.num_sms()
 
 
 def ffi_backward(n: int) -> bool:
@@ -284,7 +256,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
         else:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
-        return fit(Config(min(block_rows, rows), n_pad, warps), m, n, backward=False)
+        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n)), m, n, backward=False)
     pieces, ffi = n in BWD_PIECES, ffi_backward(n)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False

@@ -83,9 +83,30 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
     for n in (8192, 8000):
         for fused in (False, True):
             assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, ffi_launch=True)
-    for n in (4096, 5120, 2048, 1024):  # shorter full rows and padded ones stay XLA-launched
+    for n in (4096, 5120, 2048):  # shorter full rows and padded ones stay XLA-launched
         assert not pallas_config.heuristic(4096, n, backward=False).ffi_launch
     assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch  # column bands
+
+
+def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeypatch):
+    """``FWD_FFI_FEW_ROWS``: full rows of 1024 columns (1000 fills more than 3/4 of 1024, 700 does not) at most 32
+    rows per SM take jaxlib's launch on the tiles XLA launches otherwise, the plain forward and the fused add's
+    alike (both or neither: one compiler, the same bits); more rows, and nothing without ``available()``, do not."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    limit = 32 * 132
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    xla = {(m, n, f): pallas_config.heuristic(m, n, backward=False, fused=f)
+           for m in (1, 2048, limit, limit + 1, 32768) for n in (1024, 1000, 700) for f in (False, True)}
+    assert not any(c.ffi_launch for c in xla.values())
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    for (m, n, fused), config in xla.items():
+        jaxlib = pallas_config.heuristic(m, n, backward=False, fused=fused)
+        assert jaxlib == dataclasses.replace(config, ffi_launch=m <= limit and n != 700), (m, n, fused)
+    assert pallas_config.heuristic(limit, 1024, backward=False) == Config(2, 1024, 4, ffi_launch=True)
+    assert pallas_config.heuristic(limit, 1024, backward=False, fused=True) == Config(4, 1024, 4, ffi_launch=True)
+    monkeypatch.setattr(backend, "num_sms", lambda: 66)  # the rows follow the GPU's size
+    assert not pallas_config.heuristic(limit, 1024, backward=False).ffi_launch
+    assert pallas_config.heuristic(limit // 2, 1024, backward=False).ffi_launch
 
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
@@ -168,7 +189,9 @@ hopper = pytest.mark.skipif(not ON_HOPPER, reason="the jaxlib launch is taken on
 @pytest.mark.parametrize("shape,dtype,casting,offset", [((300, 32768), jnp.bfloat16, "llama", 0.0),
                                                         ((257, 30000), jnp.float16, "gemma", 1.0),
                                                         ((129, 16384), jnp.float32, "llama", 0.0),
-                                                        ((64, 16000), jnp.bfloat16, "gemma", 1.0)], ids=str)
+                                                        ((64, 16000), jnp.bfloat16, "gemma", 1.0),
+                                                        ((4096, 1024), jnp.bfloat16, "llama", 0.0),
+                                                        ((3001, 1000), jnp.float16, "gemma", 1.0)], ids=str)
 def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
     """The lowered forward holds the jaxlib call (no XLA-launched Triton kernel), and the results (the backward
     too, which stays as it was) meet the accuracy rule."""
@@ -247,7 +270,7 @@ def test_gpu_torch_launch_route_gives_jax_bits_and_xla_s_launch_agrees():
     within a rounding of the output."""
     import torch_bridge
 
-    for shape in ((512, 32768), (300, 16384), (257, 8192)):
+    for shape in ((512, 32768), (300, 16384), (257, 8192), (4096, 1024)):
         x, w, _ = torch_inputs(shape, torch.bfloat16, seed=5)
         y_jax = pn.rms_norm(jnp.asarray(x.float().cpu().numpy()).astype(jnp.bfloat16),
                             jnp.asarray(w.float().cpu().numpy()).astype(jnp.bfloat16))
@@ -292,3 +315,25 @@ def test_compute_capability_reads_the_default_device(monkeypatch):
         monkeypatch.setattr(backend.jax, "devices", lambda d=Device(platform, cc): [d])
         assert backend.compute_capability() == want, (platform, cc)
         assert backend.mosaic_capable() == (want >= 90)
+
+
+@gpu
+@hopper
+def test_gpu_few_rows_fused_add_keeps_rms_norm_s_rstd_bits():
+    """At 4096×1024 both forwards are launched by jaxlib (``FWD_FFI_FEW_ROWS``): the fused add's rstd (which its
+    backward's dweight is built on) is ``rms_norm(h)``'s bits, and its y. Broken variant: the fused add's forward
+    launched by XLA (XLA's Triton sums a thread's elements in another order), whose rstd bits differ."""
+    from pallas_norm import api
+
+    m, n = 4096, 1024
+    x, w, _ = jax_inputs((m, n), jnp.bfloat16, seed=21)
+    r = jax_inputs((m, n), jnp.bfloat16, seed=22)[0]
+    plain, fused = (pallas_config.heuristic(m, n, backward=False, fused=f) for f in (False, True))
+    assert plain.ffi_launch and fused.ffi_launch
+    y, h, rstd = api.forward_fn(1e-6, 0.0, "llama", "auto", None, jnp.bfloat16)(x, r, w)
+    y_h, rstd_h = api.forward_fn(1e-6, 0.0, "llama", "auto")(h, w)
+    np.testing.assert_array_equal(bits(rstd), bits(rstd_h))
+    np.testing.assert_array_equal(bits(y), bits(y_h))
+    xla = dataclasses.replace(fused, ffi_launch=False)
+    rstd_xla = api.forward_fn(1e-6, 0.0, "llama", "pallas", xla, jnp.bfloat16)(x, r, w)[2]
+    assert not np.array_equal(bits(rstd_xla), bits(rstd_h))

@@ -1,0 +1,58 @@
+"""Which kernels jaxlib's Triton call launches (``Config.ffi_launch``, ``triton_ffi``) instead of XLA, and on which
+tiles: the tables alone, with the H100 measurements behind them. ``pallas_config.heuristic`` reads them (and
+re-exports them: ``pallas_config.FWD_FFI_RESIDENT`` is this module's); ``ffi_forward``/``ffi_backward`` there say
+where they apply (full rows, ``triton_ffi.available()``).
+
+Why a second launcher pays: XLA launches every kernel with dynamic shared memory at the most shared memory, the
+least L1 (``bench carveout``); jaxlib's Triton call keeps the driver's carveout.
+"""
+
+from __future__ import annotations
+
+# The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of full rows of these
+# padded lengths, launched by jaxlib's Triton call where ``triton_ffi`` is available (``Config.ffi_launch``: the
+# driver's L1 carveout, not XLA's most-shared-memory one): (block_rows, warps). H100, bf16, kernels timed from JAX
+# (bench/results/ffi_launch_h100.md): 32768×16384 2.99 TB/s on 16 warps (32, XLA's tile, 2.47 this way, 2.92 by
+# XLA); 4096×16384 2.89 (XLA 2.82); rows of 32768 held whole 2.99 at 8192×32768 (XLA's launch 2.45, the bands 2.68,
+# Mosaic GPU 2.74); 32768×8192 3.02 (XLA, 8 warps, 2.97), 4096×8192 2.84 (2.81); shorter rows lose 1-10% this way
+# (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
+# probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
+FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
+# The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
+# of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
+# BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...
+# --jax --ffi`, probes_h100_2026-11-26_twentysecond.md §3), plain / fused add TB/s, XLA's launch → jaxlib's: 4096×2048
+# 2.33 / 2.47 → 2.38 / 2.55, 32768×2048 2.88 / 2.93 → 2.86 / 3.00, 4096×3584 2.46 / 2.64 → 2.54 / 2.72, 32768×3584
+# 2.80 / 2.92 → 2.91 / 3.01, 4096×4096 2.56 / 2.69 → 2.62 / 2.77, 32768×4096 2.87 / 2.94 → 2.91 / 3.03, 4096×8192
+# 2.70 / 2.72 → 2.75 / 2.86, 32768×8192 2.89 / 2.89 → 2.93 / 3.03. Twenty-third session: with the assembler held to
+# ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2: with and without the cap in alternating processes, two
+# rounds each), 1024 too: XLA's launch → jaxlib's, 32768×1024 2.77 / 2.85 → 2.80 / 2.90 (without the cap 2.72 /
+# 2.90), 4096×1024 1.99 / 2.15 → 2.03 / 2.25 (1.97 / 2.24); 32768×2048's plain 2.85 → 2.90, the other widths ±0.5%.
+BWD_FFI_RESIDENT = frozenset({1024, 2048, 4096, 8192})
+# The forward (plain and fused add: both or neither, so the fused add's y and rstd are rms_norm(h)'s bits) of full
+# rows of these padded lengths on their FWD_RESIDENT / FWD_ADD_RESIDENT tiles, launched by jaxlib's Triton call where
+# the plain tile's grid fits the GPU at once: at most ``rows per SM × SMs`` rows (the value). Every program's loads
+# are then in flight together, which XLA's carveout (the least L1) throttles. Twenty-fifth session (H100, from JAX,
+# kernels timed over rotated inputs, two rounds; probes_h100_2026-11-27_twentyfifth.md §3-4), XLA's launch →
+# jaxlib's, plain / fused add TB/s, 4096×1024: bf16 llama 2.40 / 2.30 → 2.41 / 2.44, gemma 2.34 / 2.67 → 2.38 /
+# 2.72, fp16 2.40 / 2.31 → 2.43 / 2.44; 2048 rows level or better; beyond one wave the plain forward loses ~1%
+# (8192×1024 2.60 → 2.57, 32768×1024 2.90 → 2.88). rstd's bits follow the compiler (the triton package sums a
+# thread's elements in another order than XLA's Triton); y's did not change.
+FWD_FFI_FEW_ROWS = {1024: 32}
+# The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
+# is available, on these tiles instead of BWD_PIECES': (warps, programs per SM, prefetch), the Triton reference's
+# (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...
+# --jax --pieces --ffi`, bench/results/bwd_pieces_ffi_h100.md), plain / fused add TB/s against Mosaic GPU (impl=None's
+# until then): 32768×5120 2.86 / 2.88 against 2.74 / 2.87 (by XLA 1.98 / 2.41), 4096×5120 2.48 / 2.59 against 2.37 /
+# 2.50. With ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2; the sweep ran without it): 32768×2560 2.86 /
+# 2.89 against Mosaic GPU's 2.69 / 2.86 (without the cap the fused add read 2.79), 4096×2560 2.26 / 2.39 against
+# 2.19 / 2.34 (2.29); 32768×2304 2.81 / 2.84 against XLA's launch 2.70 / 2.85 (its fused add took 135 registers
+# and read 2.19 without the cap), 4096×2304 2.17 / 2.32 against 2.11 / 2.32.
+BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
+# rms_norm's backward (not the fused add's) of those rows: (warps, prefetch, most rows per program or None) on
+# BWD_FFI_PIECES' grid, one row per program at a time, so dweight keeps the fused add's bits (dx's follow the warps).
+# Twenty-fourth session (H100, bf16, from JAX; probes_h100_2026-11-26_twentyfourth.md §7): 5120 on 4 warps,
+# prefetching, at 4096 / 8192 / 16384 / 32768 rows 2.47 → 2.59, 2.67 → 2.78, 2.78 → 2.87, 2.84 → 2.88 TB/s; 2304
+# prefetching up to 32 rows per program 2.17 → 2.34, 2.48 → 2.60, 2.69 → 2.78 (at 62, 32768 rows: 2.81 → 2.73).
+# The fused add's backward, with dh_out a third row in flight, loses 3-13% either way.
+BWD_FFI_PIECES_PLAIN = {2304: (4, True, 32), 5120: (4, True, None)}
