@@ -82,6 +82,11 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # programs (2^21×64 2.58 / 2.76 → 2.86 / 2.91); at 128 8192 elements on 8 warps, 2 per SM (2^20×128 2.59 / 2.70 →
 # 2.74 / 2.83, 2^18×128 2.43 / 2.58 → 2.60 / 2.70); at 256 512's tile (2^19×256 2.52 / 2.74 → 2.75 / 2.82, 2^16×256
 # 2.25 / 2.49 → 2.41 / 2.54), which 512 keeps (2.65 / 2.88; 4096 elements on 4 warps, 4 per SM 2.39 / 2.40).
+# Twenty-fifth session: the grid is then trimmed to the fewest programs that keep the most row blocks per program
+# (``balanced``: 4096×4096 on 128 programs of 16 blocks, not 132 of 15-16), so the last round runs on every SM it
+# started on. H100, bf16, from JAX (probes_h100_2026-11-27_twentyfifth.md §5), plain / fused add TB/s: 4096×1024
+# 2.02 / 2.25 → 2.04 / 2.25, 4096×2048 2.37 / 2.52 → 2.38 / 2.54, 4096×3584 2.54 → 2.55, 4096×4096 2.62 / 2.77 →
+# 2.64 / 2.79, 4096×8192 2.75 → 2.79. The pieces (BWD_PIECES) keep their grid (4096×2304 lost 0.6%).
 BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
                 **dict.fromkeys((256, 512), (4096, 8, 2, True, False)), 1024: (2048, 4, 4, True, False),
                 2048: (4096, 8, 2, True, False),
@@ -264,6 +269,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
         elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
+    if not pieces:  # as many programs as keep the most row blocks per program (BWD_RESIDENT's note)
+        programs = balanced(programs, cdiv(max(m, 1), block_rows))
     if pieces and ffi and not fused and n in BWD_FFI_PIECES_PLAIN:
         plain_warps, plain_prefetch, most = BWD_FFI_PIECES_PLAIN[n]
         if most is None or cdiv(max(m, 1), programs) <= most:
@@ -285,6 +292,13 @@ def bands_config(m: int, n: int, *, backward: bool, min_cols: int | None = None)
     (cols, rows, warps, lag, prefetch, _), groups = grid
     return fit(Config(rows, cols, warps, programs=cdiv(n, cols) * groups, prefetch=prefetch, lag=lag), m, n,
                backward=backward)
+
+
+def balanced(programs: int, blocks: int) -> int:
+    """The fewest programs that give none more than ``programs`` would of ``blocks`` row blocks (each program walks
+    blocks p, p + P, ...): every program then takes the same count, or one fewer (4096 rows of 2-row blocks on 132
+    programs: 16 or 15 each; on 128, 16 each)."""
+    return cdiv(blocks, cdiv(blocks, max(1, programs)))
 
 
 def _grid(per_sm: int, chunks: int, backward: bool) -> int:
