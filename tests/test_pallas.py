@@ -145,6 +145,30 @@ def test_access_order_changes_no_bits(case, monkeypatch):
     assert not all(np.array_equal(g, r) for g, r in zip(broken, want))
 
 
+def _balanced(balanced) -> bool:
+    """Whether ``balanced(programs, blocks)`` gives every grid the most blocks per program of ``programs`` programs
+    (or of one per block) on the fewest programs."""
+    for blocks, programs in itertools.product(range(1, 3000, 7), (1, 2, 128, 132, 264, 528, 5000)):
+        p, most = balanced(programs, blocks), -(-blocks // min(programs, blocks))
+        if not (p <= min(programs, blocks) and -(-blocks // p) == most and (p == 1 or -(-blocks // (p - 1)) > most)):
+            return False
+    return True
+
+
+def test_resident_backward_takes_the_balanced_grid(monkeypatch):
+    """``pallas_config.balanced`` keeps the most row blocks per program on the fewest programs; the resident
+    backward's heuristic takes it (4096×4096: 2048 blocks on 128 programs of 16, not 132 of 15-16), plain and fused
+    add alike (one grid, one dweight order), the pieces keep theirs. Broken variant: the grid clamped to the blocks
+    only, as before."""
+    assert _balanced(pallas_config.balanced)
+    assert not _balanced(lambda programs, blocks: min(programs, blocks))
+    monkeypatch.setattr(pallas_config.backend, "num_sms", lambda: 132)
+    for (m, n), programs in {(4096, 4096): 128, (4096, 1024): 512, (32768, 1024): 512, (32768, 4096): 132,
+                             (4096, 2304): 528, (3000, 2048): 250}.items():
+        plain, fused = (pallas_config.heuristic(m, n, backward=True, fused=f) for f in (False, True))
+        assert plain.programs == fused.programs == programs, (m, n)
+
+
 @pytest.mark.parametrize("casting", ["llama", "gemma"])
 def test_small_backward_is_one_launch(casting):
     """A backward of at most ``ONE_PROGRAM_ELEMS`` elements runs one program that stores dweight itself (no

@@ -98,6 +98,26 @@ def test_backward_one_program_and_partials(monkeypatch, one_program_elems, casti
     assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
 
 
+def test_backward_takes_the_balanced_grid(monkeypatch):
+    """The resident backward's grid is ``pallas_config.balanced``'s (as the Pallas kernels'): 20 row blocks of 4 rows
+    on a grid of at most 6 programs (3 SMs here) run as 5 programs of 4 blocks, and match the float64 reference; the
+    broken variant (no balancing) keeps 6 programs of 3 or 4."""
+    from torch_bridge import triton_dweight, triton_launch
+
+    monkeypatch.setattr(triton_launch, "sm_count", lambda x: 3)
+    x, w, dy = torch_inputs((80, 1024), torch.bfloat16, 0.0, seed=3)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    parts = []
+    real = triton_dweight.reduce
+    monkeypatch.setattr(triton_dweight, "reduce", lambda p, *a: (parts.append(p.shape[0]), real(p, *a)))
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+    assert parts == [5] and triton_config.backward_config(1024, 3).block_m == 4
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=0.0, casting="llama") == []
+    monkeypatch.setattr(triton_kernels, "balanced", lambda g, blocks: g)
+    triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+    assert parts == [5, 6]
+
+
 @pytest.mark.parametrize("casting", CASTINGS)
 @pytest.mark.parametrize("config", [
     triton_config.Config(block_m=4, block_n=512, num_warps=2, programs_per_sm=1, one_program_elems=0),

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from pallas_norm import rowmath
-from pallas_norm.pallas_config import cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs a call
+from pallas_norm.pallas_config import balanced, cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs
 from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
@@ -295,6 +295,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         g = 1
     else:
         g = max(1, min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x) // n_chunks))
+        if not (chunked or pieces):  # the fewest programs keeping the most row blocks each (triton_config's note)
+            g = balanced(g, row_blocks)
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
