@@ -43,6 +43,11 @@ def _spans(config: Config, n: int, chunk) -> list:
 # 16384 columns (H100, bf16, from JAX, 4·M·N·2 bytes: 4096×16384 2.97 → 2.80, 32768×16384 3.00 → 2.87; the plain
 # forward ties there; probes_h100_2026-11-26_twentyfirst.md §5).
 WEIGHT_FIRST_MAX_COLS = 8192
+# The fused add's resident forward stores h before the row's sum (as the Triton reference does) up to this many
+# padded columns, after y's math beyond. H100, bf16, impl=None, kernels timed (probes_h100_2026-11-27_twentyfifth.md
+# §9), h last → first, TB/s (4·M·N·2 bytes): 4096×1024 llama 2.42 → 2.75, gemma 2.72 → 2.75, 32768×1024 level;
+# 2048-8192 columns level (±0.3%), gemma 4096×2304 2.77 → 2.74. The same values stored: the same bits.
+H_FIRST_MAX_COLS = 1024
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
@@ -72,11 +77,15 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         w_eff = _weight(w_ref, cols, cmask, offset, casting, dt)
         return w_eff.astype(dt) if low else w_eff
 
-    def emit(rows, rmask, k, h32, rstd, w=None):
+    def store_h(rows, rmask, k, h32):
+        cols, cmask = _span(k * bc, bc, n)
+        backend.store(h_ref.at[rows[:, None], cols[None, :]], h32.astype(dt), rmask[:, None] & cmask[None, :])
+
+    def emit(rows, rmask, k, h32, rstd, w=None, h_stored=False):
         cols, cmask = _span(k * bc, bc, n)
         mask = rmask[:, None] & cmask[None, :]
-        if h_ref is not None:
-            backend.store(h_ref.at[rows[:, None], cols[None, :]], h32.astype(dt), mask)
+        if h_ref is not None and not h_stored:
+            store_h(rows, rmask, k, h32)
         n_val = rowmath.normalized(h32, rstd[:, None], casting, rounder(dt))
         w = weight(cols, cmask) if w is None else w
         y = rowmath.output(n_val.astype(dt), w) if low else rowmath.output(n_val, w).astype(dt)
@@ -99,8 +108,11 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         rows, rmask = _span(pl.program_id(0) * br, br, m)
         w = weight(*_span(0, bc, n)) if low and bc <= WEIGHT_FIRST_MAX_COLS else None
         h32 = row(fetch(rows, rmask, 0))
+        early = h_ref is not None and bc <= H_FIRST_MAX_COLS
+        if early:
+            store_h(rows, rmask, 0, h32)
         rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
-        emit(rows, rmask, 0, h32, rstd, w)
+        emit(rows, rmask, 0, h32, rstd, w, h_stored=early)
         backend.store(rstd_ref.at[rows], rstd, rmask)
         return
 
