@@ -40,6 +40,31 @@ def test_pallas_routes_bit_identical_to_jax_on_gpu(shape, dtype, casting, offset
     assert_same_bits(torch_results(x, w, dy, backend=backend, **kw), jax_results(x, w, dy, **kw))
 
 
+def test_launch_makes_the_primary_context_current_where_a_thread_has_none(monkeypatch):
+    """A thread left without a current context (as a fresh process's first backward once was, after building its
+    launcher: CUDA_ERROR_INVALID_CONTEXT) still launches: the primary context is made current and the launch
+    retried, JAX's bits. Broken variant: without the retry the launch fails."""
+    from torch_bridge import cuda_driver
+
+    x, w, _ = torch_inputs((8, 4096), torch.bfloat16, 0.0, seed=4)
+    launcher = launch_route.forward_launcher(8, 4096, x.dtype, w.dtype, 1e-6, 0.0, "llama", x.get_device())
+    want = launcher(x, w)[0].clone()
+    torch.cuda.synchronize()
+    lib = cuda_driver._libcuda()
+    lib.cuCtxSetCurrent(None)
+    assert_same_bits(launcher(x, w)[0], want)
+    torch.cuda.synchronize()
+    monkeypatch.setattr(cuda_driver, "_INVALID_CONTEXT", -1)
+    launch_route.forward_launcher.cache_clear()
+    broken = launch_route.forward_launcher(8, 4096, x.dtype, w.dtype, 1e-6, 0.0, "llama", x.get_device())
+    torch.cuda.synchronize()
+    lib.cuCtxSetCurrent(None)
+    with pytest.raises(cuda_driver.DriverUnavailable, match="INVALID_CONTEXT"):
+        broken(x, w)
+    lib.cuCtxSetCurrent(launcher.kernels[0].context)
+    launch_route.forward_launcher.cache_clear()
+
+
 def test_default_route_is_the_launch_route_on_cuda(monkeypatch):
     """``backend="pallas"`` runs ``pallas_launch`` for CUDA tensors: the DLPack route is never called."""
     x, w, dy = torch_inputs((8, 256), torch.bfloat16, 0.0, seed=2)

@@ -90,11 +90,15 @@ class _FakeDriver:
     """Stands in for libcuda: records each launch's arguments as the kernel's parameter slots hold them."""
 
     def __init__(self, slots):
-        self.slots, self.launches, self.error = slots, [], 0
+        self.slots, self.launches, self.error, self.current = slots, [], 0, 5
 
     def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, argv, extra):
         self.launches.append(((gx, gy, gz), bx, shared, stream, list(self.slots)))
-        return self.error
+        return self.error or (cuda_driver._INVALID_CONTEXT if self.current is None else 0)
+
+    def cuCtxSetCurrent(self, context):
+        self.current = context.value
+        return 0
 
     def cuGetErrorName(self, error, name):
         return 0
@@ -103,6 +107,7 @@ class _FakeDriver:
 def _fake_kernel(params: int = 6) -> cuda_driver.CudaKernel:
     kernel = cuda_driver.CudaKernel.__new__(cuda_driver.CudaKernel)  # no GPU: the driver is faked
     kernel.name, kernel.function, kernel.shared_bytes, kernel.param_sizes = "k", 1, 64, (8,) * params
+    kernel.context = 5
     kernel._values = (ctypes.c_uint64 * params)()
     kernel._argv_address, kernel._lock, kernel._filled = 0, threading.Lock(), 0
     kernel._lib = _FakeDriver(kernel._values)
@@ -126,6 +131,9 @@ def test_bound_launches_fill_parameter_slots_and_null_the_rest():
     kernel._lib.error = 700
     with pytest.raises(cuda_driver.DriverUnavailable, match="launching k failed: CUresult 700"):
         go(7, [1])
+    kernel._lib.error, kernel._lib.current = 0, None  # a thread without a current context: made current, retried
+    go(7, [2])
+    assert kernel._lib.current == 5 and [launch[-1][0] for launch in launches[-2:]] == [2, 2]
     forgetful = _fake_kernel()  # a broken variant that forgets the longer launch: the check above sees its stale slot
     forgetful.launch((1, 1, 1), 32, 8, [1, 2, 3])
     forgetful._filled = 0

@@ -5,7 +5,9 @@ one torch uses) and reads the kernel's parameter layout and resources (``registe
 of spill stack per thread: what a sweep reports). ``kernel.launch(grid, threads, stream, pointers)``
 launches it with device pointers as its arguments; parameters past the pointers given (Triton's scratch
 pointers, which our kernels never use) are passed as null. A launch is one driver call, so it is recorded when
-the stream is being captured into a CUDA graph.
+the stream is being captured into a CUDA graph. It runs in the calling thread's current context; a thread left
+without one (``CUDA_ERROR_INVALID_CONTEXT``: building a backward launcher right before its first launch did that)
+gets the primary context made current and the launch retried.
 
 The driver is called through ctypes rather than the ``cuda-bindings`` package: the few entry points used here
 have had stable C signatures since CUDA 12.4, the driver library is loaded in every process that runs torch on
@@ -24,6 +26,7 @@ _STATIC_SHARED_LIMIT = 48 * 1024  # above this a kernel must opt in to dynamic s
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _LOCAL_SIZE_BYTES, _NUM_REGS = 3, 4  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_NUM_REGS
 _CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: the calling thread has no current context
 _P, _I, _U, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t
 _SIGNATURES = {
     "cuInit": (_U,),
@@ -31,6 +34,7 @@ _SIGNATURES = {
     "cuDevicePrimaryCtxRetain": (ctypes.POINTER(_P), _I),
     "cuCtxPushCurrent_v2": (_P,),
     "cuCtxPopCurrent_v2": (ctypes.POINTER(_P),),
+    "cuCtxSetCurrent": (_P,),
     "cuModuleLoadData": (ctypes.POINTER(_P), ctypes.c_char_p),
     "cuModuleGetFunction": (ctypes.POINTER(_P), _P, ctypes.c_char_p),
     "cuFuncSetAttribute": (_P, _I, _I),
@@ -87,6 +91,7 @@ class CudaKernel:
         finally:
             lib.cuCtxPopCurrent_v2(ctypes.byref(_P()))
         self.name, self.shared_bytes, self.module, self.function = name, shared_bytes, module, function.value
+        self.context = context.value  # the device's primary context, torch's
         if any(size != 8 for size in self.param_sizes):
             raise DriverUnavailable(f"kernel {name} takes parameters of sizes {self.param_sizes}, not only pointers")
         count = len(self.param_sizes)
@@ -120,7 +125,7 @@ class CudaKernel:
         per-call budget is a few µs). Parameter slots past the pointers are null."""
         count, name, values, lock = len(self.param_sizes), self.name, self._values, self._lock
         call = functools.partial(self._lib.cuLaunchKernel, self.function, *grid, threads, 1, 1, self.shared_bytes)
-        argv = self._argv_address
+        argv, lib, context = self._argv_address, self._lib, _P(self.context)
 
         def go(stream: int, pointers: Sequence[int]) -> None:
             n = len(pointers)
@@ -132,8 +137,11 @@ class CudaKernel:
                 values[:n] = pointers
                 self._filled = n
                 err = call(stream, argv, None)
+                if err == _INVALID_CONTEXT:  # left without one by another library (seen after a JAX compile)
+                    _check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")  # torch's primary context
+                    err = call(stream, argv, None)
             if err:
-                _check(self._lib, err, f"launching {name}")
+                _check(lib, err, f"launching {name}")
 
         return go
 
