@@ -81,10 +81,12 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         cols, cmask = _span(k * bc, bc, n)
         backend.store(h_ref.at[rows[:, None], cols[None, :]], h32.astype(dt), rmask[:, None] & cmask[None, :])
 
-    def emit(rows, rmask, k, h32, rstd, w=None, h_stored=False):
+    h_first = h_ref is not None and chunks == 1 and bc <= H_FIRST_MAX_COLS  # stored before the row's sum
+
+    def emit(rows, rmask, k, h32, rstd, w=None):
         cols, cmask = _span(k * bc, bc, n)
         mask = rmask[:, None] & cmask[None, :]
-        if h_ref is not None and not h_stored:
+        if h_ref is not None and not h_first:
             store_h(rows, rmask, k, h32)
         n_val = rowmath.normalized(h32, rstd[:, None], casting, rounder(dt))
         w = weight(cols, cmask) if w is None else w
@@ -108,11 +110,10 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         rows, rmask = _span(pl.program_id(0) * br, br, m)
         w = weight(*_span(0, bc, n)) if low and bc <= WEIGHT_FIRST_MAX_COLS else None
         h32 = row(fetch(rows, rmask, 0))
-        early = h_ref is not None and bc <= H_FIRST_MAX_COLS
-        if early:
+        if h_first:
             store_h(rows, rmask, 0, h32)
         rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
-        emit(rows, rmask, 0, h32, rstd, w, h_stored=early)
+        emit(rows, rmask, 0, h32, rstd, w)
         backend.store(rstd_ref.at[rows], rstd, rmask)
         return
 
