@@ -9,8 +9,9 @@ log=${1:-/tmp/pallas-norm-ci.log}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pallas-norm-ci.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 git clone -q "$repo" "$work/repo" || exit 1
+rev=$(git -C "$work/repo" rev-parse --short HEAD)
 start=$(date +%s)
 (cd "$work/repo" && bash .ci/run) >"$log" 2>&1
 rc=$?
-echo "CI on $(git -C "$repo" rev-parse --short HEAD): rc=$rc after $(( $(date +%s) - start )) s; log: $log" | tee -a "$log"
+echo "CI on $rev: rc=$rc after $(( $(date +%s) - start )) s; log: $log" | tee -a "$log"
 exit "$rc"
