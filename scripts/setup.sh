@@ -28,9 +28,9 @@ fi
 # torch's Linux wheels on PyPI are CUDA builds: with their nvidia-* wheels the venv takes about 5.6 GiB. Without pip's
 # cache the install needs that plus the downloads (~4 GiB) at its peak, not twice the downloads on top; a full disk
 # failed CI once (2026-11-27), so say how much room there is before starting.
-free_mib=$(df -Pm . | awk 'NR == 2 {print $4}')
+read -r free_mib mount < <(df -Pm . | awk 'NR == 2 {print $4, $6}')
 if [ "${free_mib:-0}" -lt 10240 ]; then
-  echo "setup.sh: only ${free_mib} MiB free on $(df -P . | awk 'NR == 2 {print $6}'); the install needs about 10 GiB" >&2
+  echo "setup.sh: only ${free_mib} MiB free on ${mount}; the install needs about 10 GiB" >&2
 fi
 .venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check -c .ci/constraints.txt -e ".[test]"
 .venv/bin/python -c 'import jax, pallas_norm, torch_bridge; print("pallas-norm ready: jax", jax.__version__)'

@@ -137,7 +137,7 @@ class CudaKernel:
                 values[:n] = pointers
                 self._filled = n
                 err = call(stream, argv, None)
-                if err == _INVALID_CONTEXT:  # left without one by another library (seen after a JAX compile)
+                if err == _INVALID_CONTEXT:  # left without one (the module docstring says when)
                     _check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")  # torch's primary context
                     err = call(stream, argv, None)
             if err:
