@@ -20,6 +20,7 @@ MAX_RESIDENT_COLS = 16384
 FWD_BANDS_MIN_COLS = MAX_RESIDENT_COLS + 1  # the forward takes column bands beyond (band_tables.py)
 MAX_BLOCK_ROWS = 1024
 REGISTERS_PER_SM = 65536  # 32-bit registers of an SM (Volta to Hopper): ``register_cap``
+THREADS_PER_SM = 2048  # resident threads of an SM (Volta to Hopper): ``register_cap``
 # The H100 sweep behind every number below: bench/results/sweep_h100_bfloat16_llama.md (kernels timed by CUDA
 # events) unless named. Forward, resident rows off the FWD_RESIDENT table: TARGET_ELEMS elements per program, a warp
 # per FWD_ELEMS_PER_WARP.
@@ -170,11 +171,12 @@ def register_cap(config: Config) -> int | None:
     row blocks) all be resident at once: ``REGISTERS_PER_SM`` shared by the ⌈programs / SMs⌉ programs of
     ``num_warps`` warps an SM gets, in whole steps of 8, at most 255. Given to the assembler where jaxlib launches a
     kernel (``triton_ffi``): it assigns what the code wants otherwise, and the fused add's pieces backward at 2304
-    columns took 135 registers on 4 warps, so 3 of its 4 programs per SM fitted and the grid ran a second wave."""
+    columns took 135 registers on 4 warps, so 3 of its 4 programs per SM fitted and the grid ran a second wave.
+    None too where an SM's share exceeds ``THREADS_PER_SM`` (no register count lets it fit; a cap would be 0)."""
     if config.programs is None:
         return None
-    per_sm = cdiv(config.programs, backend.num_sms())
-    return min(255, REGISTERS_PER_SM // (per_sm * config.num_warps * 32) // 8 * 8)
+    threads = cdiv(config.programs, backend.num_sms()) * config.num_warps * 32
+    return None if threads > THREADS_PER_SM else min(255, REGISTERS_PER_SM // threads // 8 * 8)
 
 
 def _pow2(name: str, v: object, limit: int) -> None:

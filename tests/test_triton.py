@@ -118,6 +118,29 @@ def test_backward_takes_the_balanced_grid(monkeypatch):
     assert parts == [5, 6]
 
 
+def test_pieces_backward_takes_the_balanced_grid(monkeypatch):
+    """Rows held as pieces (2304 = 2048 + 256, one row per program, 4 programs per SM) take the balanced grid too:
+    40 rows on at most 12 programs (3 SMs) run as 10 of 4 rows, the fused add's on the same grid (its dweight
+    is the plain one's bits), all matching the float64 reference; the broken variant keeps 12 programs of 3 or 4."""
+    from torch_bridge import triton_dweight, triton_launch
+
+    monkeypatch.setattr(triton_launch, "sm_count", lambda x: 3)
+    assert triton_config.backward_config(2304, 3).pieces
+    x, w, dy = torch_inputs((40, 2304), torch.bfloat16, 0.0, seed=4)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    parts = []
+    real = triton_dweight.reduce
+    monkeypatch.setattr(triton_dweight, "reduce", lambda p, *a: (parts.append(p.shape[0]), real(p, *a)))
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+    dh_out = torch_inputs((40, 2304), torch.bfloat16, 0.0, seed=5)[2]
+    dh, dw_fused = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, dh_out=dh_out)
+    assert parts == [10, 10] and torch.equal(dw, dw_fused)
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=0.0, casting="llama") == []
+    monkeypatch.setattr(triton_kernels, "balanced", lambda g, blocks: g)
+    triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+    assert parts == [10, 10, 12]
+
+
 @pytest.mark.parametrize("casting", CASTINGS)
 @pytest.mark.parametrize("config", [
     triton_config.Config(block_m=4, block_n=512, num_warps=2, programs_per_sm=1, one_program_elems=0),

@@ -135,11 +135,12 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
 
 def test_register_cap_lets_the_persistent_grid_fit(monkeypatch):
     """65536 registers per SM shared by the programs an SM gets, in steps of 8, at most 255; none for a grid of row
-    blocks (the resident forward)."""
+    blocks (the resident forward) and none where an SM's programs exceed its 2048 threads (one row per program at
+    32768 rows: a cap of 0 would fail in ptxas, ``maxnreg`` must be positive)."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     caps = [pallas_config.register_cap(Config(1, 4096, w, programs=p)) for w, p in
-            ((4, 528), (8, 264), (16, 132), (4, 396), (4, 264), (4, 1), (4, 529))]
-    assert caps == [128, 128, 128, 168, 255, 255, 96]
+            ((4, 528), (8, 264), (16, 132), (4, 396), (4, 264), (4, 1), (4, 529), (4, 2112), (4, 2113), (8, 32768))]
+    assert caps == [128, 128, 128, 168, 255, 255, 96, 32, None, None]
     assert pallas_config.register_cap(pallas_config.heuristic(4096, 8192, backward=False)) is None
 
 

@@ -29,7 +29,10 @@ BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this 
 # blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``), as the Pallas kernels'.
 # Twenty-fifth session (H100, bf16, launched by torch, kernels timed; probes_h100_2026-11-27_twentyfifth.md §7),
 # plain / fused add TB/s: 4096×1024 1.92 / 2.14 → 1.99 / 2.21, 4096×2048 2.30 / 2.46 → 2.38 / 2.53, 4096×4096
-# 2.52 / 2.66 → 2.59 / 2.72, 32768×1024 2.75 / 2.88 → 2.77 / 2.91; 4096×8192, 32768×2048 within 0.5%.
+# 2.52 / 2.66 → 2.59 / 2.72, 32768×1024 2.75 / 2.88 → 2.77 / 2.91; 4096×8192, 32768×2048 within 0.5%. Twenty-seventh
+# session: the pieces (BWD_PIECES) too, plain / fused add: 4096×2304 2.29 / 2.32 → 2.36 / 2.39, 4096×5120 2.52 / 2.62
+# → 2.59 / 2.67, 8192×2304 2.50 / 2.53 → 2.56 / 2.56, 32768 rows level (probes_h100_2026-11-27_twentyseventh.md §2).
+# The Pallas kernels' pieces keep their grid: there it moved 4096×2304 -0.4%, 4096×2560 -0.6%, 4096×5120 +1.0%.
 ONE_PROGRAM_ELEMS = 1 << 16  # backward inputs up to this size: one program per column chunk, dweight written directly
 # Long rows (float32 compute; from BANDS_MIN_N / FWD_BANDS_MIN_N columns, below) on column bands (``triton_bands``): the
 # Pallas kernels' band heuristic, read from its tables (``band_tables.BANDS``/``FWD_BANDS``: 1024-column bands of one

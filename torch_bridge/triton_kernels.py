@@ -295,7 +295,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         g = 1
     else:
         g = max(1, min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x) // n_chunks))
-        if not (chunked or pieces):  # the fewest programs keeping the most row blocks each (triton_config's note)
+        if not chunked:  # the fewest programs keeping the most row blocks each (triton_config's note)
             g = balanced(g, row_blocks)
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
