@@ -43,6 +43,12 @@ def _spans(config: Config, n: int, chunk) -> list:
 # 16384 columns (H100, bf16, from JAX, 4·M·N·2 bytes: 4096×16384 2.97 → 2.80, 32768×16384 3.00 → 2.87; the plain
 # forward ties there; probes_h100_2026-11-26_twentyfirst.md §5).
 WEIGHT_FIRST_MAX_COLS = 8192
+# Where y's product stays float32 (gemma's casting, an offset, a weight not in the input dtype), rms_norm's resident
+# rows of at most this many padded columns load the weight before the row too. H100, bf16 gemma, impl=None, kernels
+# timed, alternating processes (probes_h100_2026-11-27_twentyseventh.md §3): 4096×1024 2.37 → 2.43 TB/s, 8192×1024
+# +0.3%, 2048×1024 and 4096×2048 level (so not beyond 1024); the same bits. The fused add (h stored first at these
+# rows, H_FIRST_MAX_COLS) keeps its order: not measured this way.
+WEIGHT_FIRST_F32_MAX_COLS = 1024
 # The fused add's resident forward stores h before the row's sum (as the Triton reference does) up to this many
 # padded columns, after y's math beyond. H100, bf16, impl=None, kernels timed (probes_h100_2026-11-27_twentyfifth.md
 # §9), h last → first, TB/s (4·M·N·2 bytes): 4096×1024 llama 2.42 → 2.75, gemma 2.72 → 2.75, 32768×1024 level;
@@ -108,7 +114,8 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     if chunks == 1:
         rows, rmask = _span(pl.program_id(0) * br, br, m)
-        w = weight(*_span(0, bc, n)) if low and bc <= WEIGHT_FIRST_MAX_COLS else None
+        first = WEIGHT_FIRST_MAX_COLS if low else WEIGHT_FIRST_F32_MAX_COLS if h_ref is None else 0
+        w = weight(*_span(0, bc, n)) if w_ref is not None and bc <= first else None
         h32 = row(fetch(rows, rmask, 0))
         if h_first:
             store_h(rows, rmask, 0, h32)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -114,3 +115,43 @@ def test_triton_reference_same_bits(case, monkeypatch):
         bad = dict(offset=0.0, casting="gemma")
         forced = _triton_outputs(x, r, w, monkeypatch, lambda *a: True, **bad)[0]
         assert not torch.equal(forced, _triton_outputs(x, r, w, monkeypatch, lambda *a: False, **bad)[0])
+
+
+def _kernel_text(fn, *args) -> str:
+    """The jaxpr of the one ``pallas_call`` kernel under ``fn(*args)`` (traced afresh)."""
+    from pallas_norm import api
+
+    jax.clear_caches()
+    api.forward_fn.cache_clear()
+
+    def find(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                return eqn.params["jaxpr"]
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                if (found := find(sub)) is not None:
+                    return found
+        return None
+
+    return str(find(jax.make_jaxpr(fn)(*args).jaxpr))
+
+
+def _weight_loaded_before_the_sum(n: int, casting: str, offset: float) -> bool:
+    """Whether ``rms_norm``'s forward kernel (resident rows of ``n`` columns) loads the weight (its second ref,
+    ``b``) before the row's sum of squares."""
+    x = jnp.ones((8, n), BF16)
+    text = _kernel_text(lambda a, w: pn.rms_norm(a, w, offset=offset, casting=casting, impl="interpret"), x, x[0])
+    return text.index("<- b[") < text.index("reduce_sum")
+
+
+def test_the_weight_is_loaded_first_at_short_rows_in_float32_too(monkeypatch):
+    """With y's product in the input dtype (llama) the weight is loaded before the row up to 8192 columns; with a
+    float32 product (gemma) up to ``kernels.WEIGHT_FIRST_F32_MAX_COLS`` (1024: 4096×1024 2.37 → 2.43 TB/s on the
+    H100), after the row's sum beyond. The bits are the same either way (the rest of this file, the GPU tests).
+    Broken variant: the threshold at 0 loads gemma's weight last."""
+    from pallas_norm import kernels
+
+    assert _weight_loaded_before_the_sum(1000, "llama", 0.0) and _weight_loaded_before_the_sum(2000, "llama", 0.0)
+    assert _weight_loaded_before_the_sum(1000, "gemma", 1.0) and not _weight_loaded_before_the_sum(2000, "gemma", 1.0)
+    monkeypatch.setattr(kernels, "WEIGHT_FIRST_F32_MAX_COLS", 0)
+    assert not _weight_loaded_before_the_sum(1000, "gemma", 1.0)
