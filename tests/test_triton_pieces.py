@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from torch_bridge import triton_config, triton_kernels, triton_pieces
+from torch_bridge import triton_config, triton_kernels, triton_launch, triton_pieces
 
 from helpers import judge, torch_inputs
 
@@ -56,10 +56,12 @@ def test_a_dropped_piece_is_caught(monkeypatch):
 
 
 @pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0)])
-def test_dweight_is_the_padded_kernel_s_bits(casting, offset):
+def test_dweight_is_the_padded_kernel_s_bits(casting, offset, monkeypatch):
     """On the same grid (one row per program) the pieces add each column's terms in the padded kernel's order: the
     same dweight bits (a float32 weight shows every float32 rounding), also for the fused add's backward (which
-    reads dh_out too). Broken variant: another grid (4 programs) gives other bits."""
+    reads dh_out too). Broken variant: another grid (4 programs) gives other bits. Two SMs, as off a GPU, so that
+    the grids are these on a GPU too (132 SMs would give both 37 programs)."""
+    monkeypatch.setattr(triton_launch, "sm_count", lambda x: 2)
     x, w, dy = torch_inputs((37, 2304), torch.bfloat16, offset, seed=5, weight_dtype=torch.float32)
     dh = torch_inputs((37, 2304), torch.bfloat16, offset, seed=6)[2]
     pieces = _backward(x, w, dy, offset, casting, PIECES)[2]
@@ -85,10 +87,12 @@ def test_heuristic_takes_pieces_at_the_table_s_widths():
         assert not triton_config.backward_config(n, 132).pieces, n
 
 
-def test_plain_and_fused_add_tiles_give_one_dweight():
+def test_plain_and_fused_add_tiles_give_one_dweight(monkeypatch):
     """``rms_norm``'s backward and the fused add's run other warps and prefetching on one grid (one row per program
     at a time): the same dweight bits, shown under the interpreter, where prefetching moves the loads (several rows
-    per program here). Broken variant: the plain tile on another grid gives other bits."""
+    per program here; two SMs, as off a GPU, on a GPU too). Broken variant: the plain tile on another grid gives
+    other bits."""
+    monkeypatch.setattr(triton_launch, "sm_count", lambda x: 2)
     x, w, dy = torch_inputs((21, 5120), torch.bfloat16, 0.0, seed=3, weight_dtype=torch.float32)
     dh = torch_inputs((21, 5120), torch.bfloat16, 0.0, seed=4)[2]
     plain = _backward(x, w, dy, 0.0, "llama", None)[2]
