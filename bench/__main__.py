@@ -43,7 +43,9 @@ def suite_stem(env: dict) -> str:
 
 def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy; a row measured
-    again in a later run replaces the earlier one) and write them (with the merged JSON when there are several)."""
+    again in a later run replaces the earlier one) and write them (with the merged JSON when there are several).
+    The targets quote a same-size copy from ``ceiling_<gpu>.json`` in ``out`` where there is one (``bench
+    ceiling``)."""
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     env = dict(runs[0]["env"])
     env["copy_tbps"] = max(r["env"]["copy_tbps"] for r in runs)
@@ -56,7 +58,9 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
             rows[row["provider"], row["mode"], row["m"], row["n"], bool(row.get("small"))] = {**row, **tag}
     env["timer"] = report.KERNEL_TIMER  # rows timed otherwise are tagged
     merged = dict(env=env, rows=list(rows.values()))
-    paths = report.write(merged, out, suite_stem(env))
+    ceiling = out / f"ceiling_{timing.gpu_slug(env['gpu'])}.json"  # `bench ceiling`'s run on that GPU, if any
+    extra = dict(ceiling=json.loads(ceiling.read_text())["rows"]) if ceiling.exists() else {}
+    paths = report.write({**merged, **extra}, out, suite_stem(env))
     if len(runs) > 1:  # the merged raw rows too, so the files re-render from what they show
         paths.append(out / f"{suite_stem(env)}.json")
         paths[-1].write_text(json.dumps(merged, indent=1))

@@ -140,8 +140,8 @@ def targets(result: dict) -> list[str]:
         vals = [(m, n, r["tbps"], pct(r, copy)) for m, n, r in vals if "tbps" in r]
         if vals:
             m, n, tbps, share = min(vals, key=lambda t: t[3])
-            lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n} | "
-                         f"{'✓' if share >= 100 * frac else '✗'} |")
+            lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n}"
+                         f"{_same_size_copy(result, mode, m, n, copy)} | {'✓' if share >= 100 * frac else '✗'} |")
     for mode in ("fwd", "bwd", "fwd+bwd"):
         behind = []
         for m, n in shapes:
@@ -158,6 +158,16 @@ def targets(result: dict) -> list[str]:
             lines.append(f"| {label(p)}: small call ≤ {SMALL_CALL_RATIO:g}× torch F.rms_norm | {min(ratios):.1f}× – "
                          f"{max(ratios):.1f}× | {'✓' if max(ratios) <= SMALL_CALL_RATIO else '✗'} |")
     return lines
+
+
+def _same_size_copy(result: dict, mode: str, m: int, n: int, copy: float) -> str:
+    """``"; a copy of its bytes T (P%)"``: what a torch ``copy_`` moving the ``mode``'s bytes at ``(m, n)`` reaches
+    (``bench ceiling``'s rows, which ``render`` attaches as ``result["ceiling"]``; a call of tens of MB pays fixed
+    costs a 2 GiB copy hides), as a share of the run's copy; "" where the run has no such row."""
+    for row in result.get("ceiling", ()):
+        if (row["m"], row["n"]) == (m, n) and f"copy_{mode}" in row:
+            return f"; a copy of its bytes {row[f'copy_{mode}']:.2f} ({100 * row[f'copy_{mode}'] / copy:.0f}%)"
+    return ""
 
 
 def _x_torch(row: dict, torch_row: dict | None) -> float | None:

@@ -173,6 +173,26 @@ def test_targets_mark_a_miss():
            "1.50)" in behind
 
 
+def test_targets_quote_a_copy_of_the_worst_shape_s_bytes(tmp_path):
+    """With ``bench ceiling``'s rows (``render`` attaches ``ceiling_<gpu>.json`` from its output folder), each
+    %-of-copy target's worst shape shows what a copy of its bytes reaches there; the mark still judges the run's
+    copy. Broken variant: the ceiling file absent (or for other shapes): no such note."""
+    run = fake_run(2.5)
+    ceiling = dict(env=ENV, rows=[dict(m=32768, n=1024, copy_fwd=2.4, copy_bwd=2.7, add=2.8, fwd=2.5, bwd=2.8)])
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "ceiling_h100.json").write_text(json.dumps(ceiling))
+    bench_cli.render([str(tmp_path / "run.json")], tmp_path)
+    text = (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
+    assert ("| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.50 TB/s (83%) at 32768×1024; a copy of its bytes 2.40 (80%) "
+            "| ✗ |") in text
+    assert ("| bwd ≥ 90% of copy, N ≤ 16384 | worst 2.80 TB/s (93%) at 32768×1024; a copy of its bytes 2.70 (90%) "
+            "| ✓ |") in text
+    assert "| fwd ≥ 85% of copy, N ≥ 32768 | worst 2.50 TB/s (83%) at 1024×262144 | ✗ |" in text  # no row there
+    (tmp_path / "ceiling_h100.json").unlink()
+    bench_cli.render([str(tmp_path / "run.json")], tmp_path)
+    assert "a copy of its bytes" not in (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
+
+
 def test_names_and_file_names():
     assert names.label("pallas_dlpack") == "Pallas via DLPack" and names.label("liger") == "Liger"
     assert [timing.gpu_slug(g) for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla V100-SXM2-16GB")] == [
