@@ -98,47 +98,31 @@ def test_backward_one_program_and_partials(monkeypatch, one_program_elems, casti
     assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **kw) == []
 
 
-def test_backward_takes_the_balanced_grid(monkeypatch):
-    """The resident backward's grid is ``pallas_config.balanced``'s (as the Pallas kernels'): 20 row blocks of 4 rows
-    on a grid of at most 6 programs (3 SMs here) run as 5 programs of 4 blocks, and match the float64 reference; the
-    broken variant (no balancing) keeps 6 programs of 3 or 4."""
+@pytest.mark.parametrize("shape,grid,unbalanced", [((80, 1024), 5, 6), ((40, 2304), 10, 12)], ids=["padded", "pieces"])
+def test_backward_takes_the_balanced_grid(shape, grid, unbalanced, monkeypatch):
+    """The resident backward's grid is ``pallas_config.balanced``'s (as the Pallas kernels'), on 3 SMs here: 20 row
+    blocks of 4 rows (1024 columns) on at most 6 programs run as 5 of 4 blocks; 40 rows held as pieces (2304 = 2048
+    + 256, one row per program, 4 programs per SM) on at most 12 run as 10 of 4. The fused add's backward runs on
+    the same grid (its dweight is the plain one's bits), and all match the float64 reference. Broken variant (no
+    balancing): 6 programs of 3 or 4 blocks, 12 of 3 or 4 rows."""
     from torch_bridge import triton_dweight, triton_launch
 
     monkeypatch.setattr(triton_launch, "sm_count", lambda x: 3)
-    x, w, dy = torch_inputs((80, 1024), torch.bfloat16, 0.0, seed=3)
+    config = triton_config.backward_config(shape[1], 3)
+    assert (config.block_m, config.pieces) == ((4, False) if shape[1] == 1024 else (1, True))
+    x, w, dy = torch_inputs(shape, torch.bfloat16, 0.0, seed=3)
+    dh_out = torch_inputs(shape, torch.bfloat16, 0.0, seed=5)[2]
     y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
     parts = []
     real = triton_dweight.reduce
     monkeypatch.setattr(triton_dweight, "reduce", lambda p, *a: (parts.append(p.shape[0]), real(p, *a)))
     dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
-    assert parts == [5] and triton_config.backward_config(1024, 3).block_m == 4
+    dw_fused = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, dh_out=dh_out)[1]
+    assert parts == [grid, grid] and torch.equal(dw, dw_fused)
     assert judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=0.0, casting="llama") == []
     monkeypatch.setattr(triton_kernels, "balanced", lambda g, blocks: g)
     triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
-    assert parts == [5, 6]
-
-
-def test_pieces_backward_takes_the_balanced_grid(monkeypatch):
-    """Rows held as pieces (2304 = 2048 + 256, one row per program, 4 programs per SM) take the balanced grid too:
-    40 rows on at most 12 programs (3 SMs) run as 10 of 4 rows, the fused add's on the same grid (its dweight
-    is the plain one's bits), all matching the float64 reference; the broken variant keeps 12 programs of 3 or 4."""
-    from torch_bridge import triton_dweight, triton_launch
-
-    monkeypatch.setattr(triton_launch, "sm_count", lambda x: 3)
-    assert triton_config.backward_config(2304, 3).pieces
-    x, w, dy = torch_inputs((40, 2304), torch.bfloat16, 0.0, seed=4)
-    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
-    parts = []
-    real = triton_dweight.reduce
-    monkeypatch.setattr(triton_dweight, "reduce", lambda p, *a: (parts.append(p.shape[0]), real(p, *a)))
-    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
-    dh_out = torch_inputs((40, 2304), torch.bfloat16, 0.0, seed=5)[2]
-    dh, dw_fused = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, dh_out=dh_out)
-    assert parts == [10, 10] and torch.equal(dw, dw_fused)
-    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, offset=0.0, casting="llama") == []
-    monkeypatch.setattr(triton_kernels, "balanced", lambda g, blocks: g)
-    triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
-    assert parts == [10, 10, 12]
+    assert parts == [grid, grid, unbalanced]
 
 
 @pytest.mark.parametrize("casting", CASTINGS)
