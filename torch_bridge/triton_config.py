@@ -25,8 +25,9 @@ TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS //
 # 1024 and 16384 tiles were the fastest; 4096's best, (2, 16), lost 2% at 3584). The fused add shares the tile.
 FWD_RESIDENT = {2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
-# The resident backward's grid (rows not held as pieces) is then trimmed to the fewest programs keeping the most row
-# blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``), as the Pallas kernels'.
+# The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest
+# programs keeping the most row blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``),
+# as the Pallas kernels'.
 # Twenty-fifth session (H100, bf16, launched by torch, kernels timed; probes_h100_2026-11-27_twentyfifth.md §7),
 # plain / fused add TB/s: 4096×1024 1.92 / 2.14 → 1.99 / 2.21, 4096×2048 2.30 / 2.46 → 2.38 / 2.53, 4096×4096
 # 2.52 / 2.66 → 2.59 / 2.72, 32768×1024 2.75 / 2.88 → 2.77 / 2.91; 4096×8192, 32768×2048 within 0.5%. Twenty-seventh
