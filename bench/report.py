@@ -165,8 +165,9 @@ def _same_size_copy(result: dict, mode: str, m: int, n: int, copy: float) -> str
     (``bench ceiling``'s rows, which ``render`` attaches as ``result["ceiling"]``; a call of tens of MB pays fixed
     costs a 2 GiB copy hides), as a share of the run's copy; "" where the run has no such row."""
     for row in result.get("ceiling", ()):
-        if (row["m"], row["n"]) == (m, n) and f"copy_{mode}" in row:
-            return f"; a copy of its bytes {row[f'copy_{mode}']:.2f} ({100 * row[f'copy_{mode}'] / copy:.0f}%)"
+        tbps = row.get(f"copy_{mode}") if (row["m"], row["n"]) == (m, n) else None
+        if tbps is not None:
+            return f"; a copy of its bytes {tbps:.2f} ({100 * tbps / copy:.0f}%)"
     return ""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -159,3 +160,24 @@ def check_reduction_order(reduce, partials: np.ndarray, one_lane) -> None:
     np.testing.assert_array_equal(reduce(partials), want)
     if parts > 1:
         assert not np.array_equal(reduce(partials[::-1]), want)
+
+
+def kernel_jaxpr(fn, *args) -> str:
+    """The jaxpr text of the one ``pallas_call`` kernel under ``fn(*args)``, traced afresh (JAX's caches and the
+    API's cached kernel functions cleared), so that a test patching a kernel module's threshold sees its effect."""
+    from pallas_norm import api
+
+    jax.clear_caches()
+    api.forward_fn.cache_clear()
+    api.backward_fn.cache_clear()
+
+    def find(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                return eqn.params["jaxpr"]
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                if (found := find(sub)) is not None:
+                    return found
+        return None
+
+    return str(find(jax.make_jaxpr(fn)(*args).jaxpr))

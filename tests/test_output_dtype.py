@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from pallas_norm import rowmath
 from pallas_norm.pallas_config import Config
 from pallas_norm.rowmath import output_in_dtype
 
-from helpers import DEVICE, KERNEL, assert_same_bits, jax_inputs, torch_inputs
+from helpers import DEVICE, KERNEL, assert_same_bits, jax_inputs, kernel_jaxpr, torch_inputs
 
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32
 
@@ -117,30 +116,11 @@ def test_triton_reference_same_bits(case, monkeypatch):
         assert not torch.equal(forced, _triton_outputs(x, r, w, monkeypatch, lambda *a: False, **bad)[0])
 
 
-def _kernel_text(fn, *args) -> str:
-    """The jaxpr of the one ``pallas_call`` kernel under ``fn(*args)`` (traced afresh)."""
-    from pallas_norm import api
-
-    jax.clear_caches()
-    api.forward_fn.cache_clear()
-
-    def find(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                return eqn.params["jaxpr"]
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                if (found := find(sub)) is not None:
-                    return found
-        return None
-
-    return str(find(jax.make_jaxpr(fn)(*args).jaxpr))
-
-
 def _weight_loaded_before_the_sum(n: int, casting: str, offset: float) -> bool:
     """Whether ``rms_norm``'s forward kernel (resident rows of ``n`` columns) loads the weight (its second ref,
     ``b``) before the row's sum of squares."""
     x = jnp.ones((8, n), BF16)
-    text = _kernel_text(lambda a, w: pn.rms_norm(a, w, offset=offset, casting=casting, impl="interpret"), x, x[0])
+    text = kernel_jaxpr(lambda a, w: pn.rms_norm(a, w, offset=offset, casting=casting, impl="interpret"), x, x[0])
     return text.index("<- b[") < text.index("reduce_sum")
 
 
