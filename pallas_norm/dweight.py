@@ -31,6 +31,14 @@ REDUCE_COLS = 32
 REDUCE_UNROLL = 8
 REDUCE_WARPS = 8
 REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (reduce_tile)
+# reduce_dweight's tiles of at least REDUCE_WIDE_COLS columns take at most REDUCE_WIDE_ROWS lanes, not REDUCE_ROWS
+# (``jax_reduce_tile``; the Triton reference's reduction keeps its own tile). Twenty-eighth session (H100,
+# bf16, the reduction's duration inside impl=None's backward, kernels timed, alternating;
+# probes_h100_2026-11-27_twentyeighth.md): 528 partial rows of 2304 columns 2.81 → 2.62 µs (4096×2304 backward
+# 2.34 → 2.35 TB/s), 264 of 5120 2.77 → 2.64, 528 of 2304 at 32768 rows 2.71 → 2.50, 256 of 2048 1.95 → 1.89, 128
+# of 4096 level; 8-column tiles (1024 columns) keep 32 lanes: 16 there took 528 partial rows 2.00 → 2.25 µs.
+REDUCE_WIDE_ROWS = 16
+REDUCE_WIDE_COLS = 16
 # The dweight reductions' columns per program, at least (``reduce_cols``): 8 float32 columns are one 32-byte sector
 # of a partial row. Sixteenth session (H100, bf16, the reduction's duration inside impl=None's backward, kernels
 # timed from JAX; bench/results/dweight_reduce_h100.md): the Triton lowering's 32-column programs left most SMs idle
@@ -58,6 +66,13 @@ def reduce_tile(parts: int, n: int, sms: int, rows: int, cols: int, max_cols: in
     return lanes, min(max_cols, rows * reduce_cols(n, cols, sms) // lanes)
 
 
+def jax_reduce_tile(parts: int, n: int, sms: int) -> tuple[int, int]:
+    """``(lanes, columns)`` of ``reduce_dweight``'s tile: ``reduce_tile`` with ``REDUCE_ROWS`` lanes, then at most
+    ``REDUCE_WIDE_ROWS`` lanes where that tile has at least ``REDUCE_WIDE_COLS`` columns (its width unchanged)."""
+    lanes, cols = reduce_tile(parts, n, sms, REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
+    return (min(lanes, REDUCE_WIDE_ROWS) if cols >= REDUCE_WIDE_COLS else lanes), cols
+
+
 def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int, lanes: int, cols: int):
     """``dweight[c] = Σ_p partials[p, c]`` in one fixed order (the same bits every run): lane r of a ``(lanes, cols)``
     tile adds rows r, r + lanes, r + 2·lanes, ... in that order (``backend.ordered_sum``, ``REDUCE_UNROLL`` tiles
@@ -74,9 +89,9 @@ def _dweight_reduce_kernel(dwp_ref, dw_ref, *, n: int, parts: int, lanes: int, c
 
 def reduce_dweight(partials, dtype, *, interpret: bool):
     """``dweight`` in ``dtype`` from float32 ``partials`` of shape ``(parts, n)``, summed in one fixed order
-    (``_dweight_reduce_kernel``; the tile from ``reduce_tile``)."""
+    (``_dweight_reduce_kernel``; the tile from ``jax_reduce_tile``)."""
     parts, n = partials.shape
-    lanes, cols = reduce_tile(parts, n, backend.num_sms(), REDUCE_ROWS, REDUCE_COLS, REDUCE_MAX_COLS)
+    lanes, cols = jax_reduce_tile(parts, n, backend.num_sms())
     return pl.pallas_call(
         functools.partial(_dweight_reduce_kernel, n=n, parts=parts, lanes=lanes, cols=cols),
         out_shape=jax.ShapeDtypeStruct((n,), dtype), grid=(cdiv(n, cols),),
