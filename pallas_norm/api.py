@@ -151,7 +151,10 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    config = pallas_config.fit(config, m, n, backward=False, fused=residual is not None)
+    dt = jnp.dtype(h_dtype or x2.dtype)  # the rows normalised: the fused add's tile is rms_norm(h)'s (its y's bits)
+    low = kernels.product_in_dtype(None if weight is None else weight.dtype, dt, casting, offset)
+    config = pallas_config.fit(config, m, n, backward=False, fused=residual is not None, itemsize=dt.itemsize,
+                               product_in_dtype=low)
     launch = bands.forward if config.lag else kernels.forward
     return launch(x2, weight, eps=eps, offset=offset, casting=casting, config=config, interpret=impl == "interpret",
                   **fused)

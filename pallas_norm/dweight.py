@@ -37,8 +37,10 @@ REDUCE_MAX_COLS = 1024  # fewer partial rows take wider tiles up to this (reduce
 # probes_h100_2026-11-27_twentyeighth.md): 528 partial rows of 2304 columns 2.81 → 2.62 µs (4096×2304 backward
 # 2.34 → 2.35 TB/s), 264 of 5120 2.77 → 2.64, 528 of 2304 at 32768 rows 2.71 → 2.50, 256 of 2048 1.95 → 1.89, 128
 # of 4096 level; 8-column tiles (1024 columns) keep 32 lanes: 16 there took 528 partial rows 2.00 → 2.25 µs. Band
-# grids of 64 and 32 row groups (16384, 32768 columns) take 16 lanes too, not measured (their reduction is 1-2% of
-# the backward); fewer groups keep their wide tiles (halving them took 1024×262144's reduction 2.72 → 3.04 µs).
+# grids of 64 and 32 row groups (16384, 32768 columns) take 16 lanes too; twenty-ninth session (impl="pallas", the
+# same method, probes_h100_2026-11-27_twentyninth.md §2), 32 → 16 lanes: 4096×16384 2.56-2.59 → 2.19-2.27 µs,
+# 8192×32768 3.06 → 2.55-2.57, 32768×16384 level (3.05-3.11 / 2.93-3.08). Fewer groups keep their wide tiles
+# (halving them took 1024×262144's reduction 2.72 → 3.04 µs).
 REDUCE_WIDE_ROWS = 16
 REDUCE_WIDE_COLS = 16
 # The dweight reductions' columns per program, at least (``reduce_cols``): 8 float32 columns are one 32-byte sector

@@ -18,6 +18,17 @@ from __future__ import annotations
 # (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
 # probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
 FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
+# The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
+# widths in two passes over column chunks, one row per program, launched by jaxlib's Triton call, with L1 hints
+# (``Config.l1_hints``: the first pass keeps the row in L1, the second reads it there; the design of torch.compile's
+# looped reduction): (chunk columns, warps) where y's product is in the row dtype (llama), then where it is float32
+# (gemma). Twenty-ninth session (H100, kernels timed from JAX, two rounds; probes_h100_2026-11-27_twentyninth.md §5),
+# against the resident tile (8 warps, XLA's launch), plain / fused add TB/s: bf16 llama 32768×5120 3.00 / 2.99 → 3.04
+# / 3.02 (torch.compile 3.03; without the hints 3.00, by XLA's launch 2.89), 8192×5120 2.92 / 2.96 → 2.94 / 2.99,
+# 4096×5120 2.80 / 2.89 → 2.82 / 2.92; fp16 llama alike; bf16 gemma on 8 warps 32768×5120 2.97 / 2.98 → 3.01 / 2.98,
+# 4096×5120 2.77 / 2.88 → 2.81 / 2.91 (on 16 warps 2.72 / 2.92). At 2304 and 3584 columns no two-pass tile beat
+# the resident plain forward.
+FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8))}
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
 # of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
 # BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...

@@ -56,11 +56,19 @@ WEIGHT_FIRST_F32_MAX_COLS = 1024
 H_FIRST_MAX_COLS = 1024
 
 
+def product_in_dtype(weight_dtype, dt, casting: str, offset: float) -> bool:
+    """Whether the forward multiplies y's ``n · w_eff`` in the row dtype ``dt`` (``rowmath.output_in_dtype``; without
+    a weight, no)."""
+    return weight_dtype is not None and rowmath.output_in_dtype(
+        casting, offset, jnp.dtype(weight_dtype) == jnp.dtype(dt), jnp.dtype(dt).itemsize < 4)
+
+
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
     """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
     chunk: sum of squares forwards, then normalise backwards (the chunks read last in the first pass are the
-    likeliest still in L2). With ``config.prefetch`` the next chunk is loaded before the current one is used.
+    likeliest still in L2; with ``config.l1_hints`` the first pass keeps them in L1 for the second). With
+    ``config.prefetch`` the next chunk is loaded before the current one is used.
     ``has_residual`` (the fused add): the row normalised is ``h = r_h(x + residual)``, also stored (refs
     ``x, residual, [weight], y, h, rstd``); long rows add again in the second pass instead of re-reading ``h``."""
     refs = list(refs)
@@ -73,8 +81,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     dt = y_ref.dtype
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
     # y's product in the input dtype where exact (probes_h100_2026-11-26_twentyfirst.md §4: 4096×5120 2.73 → 2.80 TB/s)
-    low = w_ref is not None and rowmath.output_in_dtype(casting, offset, jnp.dtype(w_ref.dtype) == jnp.dtype(dt),
-                                                        jnp.dtype(dt).itemsize < 4)
+    low = product_in_dtype(None if w_ref is None else w_ref.dtype, dt, casting, offset)
 
     def weight(cols, cmask):
         """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""
@@ -99,12 +106,12 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         y = rowmath.output(n_val.astype(dt), w) if low else rowmath.output(n_val, w).astype(dt)
         backend.store(y_ref.at[rows[:, None], cols[None, :]], y, mask)
 
-    def fetch(rows, rmask, k):
+    def fetch(rows, rmask, k, eviction=None):
         """The raw ``(rows, chunk k)`` tiles of x (and residual) (chunks outside the row read nothing)."""
         cols, cmask = _span(k * bc, bc, n)
         cmask = cmask & (k >= 0) & (k < chunks)
-        x = _tile(x_ref, rows, rmask, cols, cmask, dtype=None)
-        return x if res_ref is None else (x, _tile(res_ref, rows, rmask, cols, cmask, dtype=None))
+        x = _tile(x_ref, rows, rmask, cols, cmask, dtype=None, eviction=eviction)
+        return x if res_ref is None else (x, _tile(res_ref, rows, rmask, cols, cmask, dtype=None, eviction=eviction))
 
     def row(tiles):
         """The row values normalised, widened to float32: x, or ``h = r_h(x + residual)`` (h's dtype is y's)."""
@@ -125,15 +132,16 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         return
 
     pid = pl.program_id(0)
+    keep, stream = ("evict_last", "evict_first") if config.l1_hints else (None, None)  # L1 hints of the two reads
 
     @pl.loop(0, cdiv(cdiv(m, br), config.programs))
     def _(t):
         rows, rmask = _span((pid + t * config.programs) * br, br, m)
-        sumsq = _walk(chunks, config.prefetch, functools.partial(fetch, rows, rmask),
+        sumsq = _walk(chunks, config.prefetch, lambda k: fetch(rows, rmask, k, keep),
                       lambda k, tiles, acc: acc + _sq(row(tiles)), jnp.zeros((br, bc), F32))
         rstd = _rstd(jnp.sum(sumsq, axis=1), n, eps)
         last = chunks - 1
-        _walk(chunks, config.prefetch, lambda k: fetch(rows, rmask, last - k),
+        _walk(chunks, config.prefetch, lambda k: fetch(rows, rmask, last - k, stream),
               lambda k, tiles, _: emit(rows, rmask, last - k, row(tiles), rstd), None)
         backend.store(rstd_ref.at[rows], rstd, rmask)
 

@@ -12,7 +12,7 @@ import dataclasses
 from . import backend
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401 (re-exported)
-                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT)
+                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
@@ -135,6 +135,13 @@ def ffi_forward(n: int) -> bool:
     return _ffi(n, FWD_FFI_RESIDENT)
 
 
+def ffi_two_pass(n: int, itemsize: int) -> bool:
+    """Whether the forward (plain or fused add) of rows of ``n`` columns of ``itemsize``-byte elements runs in two
+    passes over column chunks with L1 hints, launched by jaxlib's Triton call (``FWD_FFI_TWO_PASS``: those widths,
+    16-bit rows, where ``triton_ffi.available()``)."""
+    return n in FWD_FFI_TWO_PASS and itemsize == 2 and _available()
+
+
 def ffi_few_rows(m: int, n: int) -> bool:
     """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` columns is launched by jaxlib's Triton
     call on its XLA tile (``FWD_FFI_FEW_ROWS``: full rows of those padded lengths, at most that many rows per SM)."""
@@ -203,7 +210,8 @@ class Config:
     (the resident forward and backward): compiled by the ``triton`` package and launched by jaxlib's Triton call
     instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter), a
     persistent grid's kernel held to the registers that let its ``programs`` fit at once (``register_cap``: a tile
-    wanting more spills).
+    wanting more spills); ``l1_hints`` (the chunked forward): its first pass loads with L1's ``evict_last`` hint and
+    its second with ``evict_first``, so the second read hits L1 where the carveout leaves room (jaxlib's launch).
     """
 
     block_rows: int
@@ -217,6 +225,7 @@ class Config:
     carry: bool = False
     ffi_launch: bool = False
     pieces: bool = False
+    l1_hints: bool = False
 
     def __post_init__(self) -> None:
         _pow2("block_rows", self.block_rows, MAX_BLOCK_ROWS)
@@ -226,7 +235,7 @@ class Config:
             raise ValueError(f"num_stages must be None or an int >= 1, got {self.num_stages!r}")
         if self.programs is not None and (not isinstance(self.programs, int) or self.programs < 1):
             raise ValueError(f"programs must be None or an int >= 1, got {self.programs!r}")
-        for flag in ("prefetch", "reload_weight", "carry", "ffi_launch", "pieces"):
+        for flag in ("prefetch", "reload_weight", "carry", "ffi_launch", "pieces", "l1_hints"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 0:
@@ -240,10 +249,16 @@ class Config:
         return self.chunks(n) == 1
 
 
-def heuristic(m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
+def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: int = 2,
+              product_in_dtype: bool = True) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
-    add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``)."""
+    add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``); the
+    forward's rows of ``itemsize``-byte elements, y's product in their dtype or not (``kernels.product_in_dtype``)
+    pick ``FWD_FFI_TWO_PASS``' tile."""
     n_pad = next_pow2(n)
+    if not backward and ffi_two_pass(n, itemsize):  # one row per program
+        cols, warps = FWD_FFI_TWO_PASS[n][0 if product_in_dtype else 1]
+        return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True), m, n, backward=False)
@@ -308,18 +323,23 @@ def _grid(per_sm: int, chunks: int, backward: bool) -> int:
     return max(1, per_sm * backend.num_sms() // (chunks if backward else 1))
 
 
-def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = False) -> Config:
-    """``config`` (the heuristic's when None; ``fused``: the fused add's) for an ``(m, n)`` launch:
-    ``block_cols`` at most N's padded length and, where a persistent grid runs (the backward; the long-row forward),
-    a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
+def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = False, itemsize: int = 2,
+        product_in_dtype: bool = True) -> Config:
+    """``config`` (the heuristic's when None, given ``fused``, ``itemsize`` and ``product_in_dtype``) for an
+    ``(m, n)`` launch: ``block_cols`` at most N's padded length and, where a persistent grid runs (the backward; the
+    long-row forward), a concrete ``programs`` between 1 and the number of row blocks (None where it does not)."""
     if config is None:
-        return heuristic(m, n, backward=backward, fused=fused)
+        return heuristic(m, n, backward=backward, fused=fused, itemsize=itemsize, product_in_dtype=product_in_dtype)
     if config.ffi_launch and (config.lag or (backward and next_pow2(n) > config.block_cols)):
         raise ValueError(f"ffi_launch is an option of the forward of rows without bands (lag=0) and of the backward "
                          f"of rows held whole (block_cols >= the padded row, {next_pow2(n)} here), got {config} for "
                          f"the {'backward' if backward else 'forward'}")
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
+    if config.l1_hints and (backward or config.lag or chunks == 1):
+        raise ValueError(f"l1_hints is an option of the forward of rows walked in column chunks without bands (lag=0, "
+                         f"block_cols < the padded row, {next_pow2(n)} here), got {config} for the "
+                         f"{'backward' if backward else 'forward'}")
     if config.pieces and not (backward and chunks == 1):
         raise ValueError(f"pieces is an option of the backward of rows held whole (block_cols >= the padded row, "
                          f"{next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")

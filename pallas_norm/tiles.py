@@ -30,9 +30,10 @@ def _tile_mask(rmask, cols, cmask):
     return rmask[:, None] & cmask[None, :]
 
 
-def _tile(ref, rows, rmask, cols, cmask, dtype=F32):
-    """Load an ``(rows, cols)`` tile, widened to ``dtype`` (None: as stored); masked-off lanes read 0."""
-    tile = backend.load(ref.at[rows[:, None], cols[None, :]], _tile_mask(rmask, cols, cmask))
+def _tile(ref, rows, rmask, cols, cmask, dtype=F32, eviction: str | None = None):
+    """Load an ``(rows, cols)`` tile, widened to ``dtype`` (None: as stored); masked-off lanes read 0; ``eviction``:
+    ``backend.load``'s cache hint."""
+    tile = backend.load(ref.at[rows[:, None], cols[None, :]], _tile_mask(rmask, cols, cmask), eviction=eviction)
     return tile if dtype is None else tile.astype(dtype)
 
 

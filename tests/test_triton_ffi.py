@@ -83,7 +83,7 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
     for n in (8192, 8000):
         for fused in (False, True):
             assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, ffi_launch=True)
-    for n in (4096, 5120, 2048):  # shorter full rows and padded ones stay XLA-launched
+    for n in (4096, 2304, 2048):  # shorter full rows and padded ones stay XLA-launched (5120: test_two_pass.py)
         assert not pallas_config.heuristic(4096, n, backward=False).ffi_launch
     assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch  # column bands
 

@@ -1,0 +1,146 @@
+"""The forward in two passes over column chunks with L1 hints (``Config.l1_hints``, ``pallas_config.FWD_FFI_TWO_PASS``,
+jaxlib's launch): where the heuristic takes it, that the hints reach the kernel's loads and nowhere else, its results
+under the interpreter and on a GPU (the accuracy rule, the bits without the hints, the fused add's y, the torch launch
+route's bits)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import pallas_norm as pn
+from pallas_norm import backend, pallas_config, triton_ffi
+from pallas_norm.pallas_config import Config
+
+from helpers import ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
+
+
+def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeypatch):
+    """16-bit rows of 5120 columns, plain and fused add alike (one tile: the fused add's y is rms_norm(h)'s bits), one
+    row per program; 16 warps where y's product is in the row dtype, 8 where it is float32; not for 4-byte rows,
+    other widths, the backward, nor without ``available()`` (the resident tile, XLA's launch)."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    resident = pallas_config.heuristic(4096, 5120, backward=False)
+    assert resident == Config(1, 8192, 8)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    for fused in (False, True):
+        for low, warps in ((True, 16), (False, 8)):
+            config = pallas_config.heuristic(4096, 5120, backward=False, fused=fused, product_in_dtype=low)
+            assert config == Config(1, 4096, warps, programs=4096, ffi_launch=True, l1_hints=True)
+    assert pallas_config.heuristic(3, 5120, backward=False).programs == 3
+    assert pallas_config.heuristic(4096, 5120, backward=False, itemsize=4) == resident
+    for n in (5000, 4096, 2304, 3584):
+        assert not pallas_config.heuristic(4096, n, backward=False).l1_hints
+    assert not pallas_config.heuristic(4096, 5120, backward=True).l1_hints
+
+
+def test_l1_hints_are_an_option_of_the_chunked_forward_only():
+    """Refused for the backward, for a row held whole (block_cols at least its padded length) and for column bands."""
+    for bad, n, backward in ((Config(1, 1024, 4, programs=8, l1_hints=True), 4096, True),
+                             (Config(1, 8192, 8, l1_hints=True), 5120, False),
+                             (Config(1, 1024, 1, lag=2, l1_hints=True), 4096, False)):
+        with pytest.raises(ValueError, match="l1_hints"):
+            pallas_config.fit(bad, 8, n, backward=backward)
+    with pytest.raises(ValueError, match="l1_hints"):
+        Config(1, 1024, 4, l1_hints=1)
+
+
+def _ttir(monkeypatch, config: Config) -> str:
+    """The forward's Triton IR at 8×5120 bf16 for an (abstract) H100, as XLA (or jaxlib) receives it."""
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        lowered = launch_route._lower_forward(8, 5120, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama", config)
+        return launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir
+
+
+def test_the_hints_reach_the_loads_of_the_two_passes(monkeypatch):
+    """The first pass's loads of x carry ``evict_last``, the second's ``evict_first``; the weight's carry none. Broken
+    variant: the same tile without ``l1_hints``, whose loads carry no hint."""
+    def hinted(ttir: str) -> dict:
+        loads = [line for line in ttir.splitlines() if "tt.load" in line]
+        return {h: sum(h in line for line in loads) for h in ("evict_last", "evict_first")} | {"loads": len(loads)}
+
+    tile = Config(1, 4096, 16, programs=8)
+    with_hints = hinted(_ttir(monkeypatch, dataclasses.replace(tile, l1_hints=True)))
+    without = hinted(_ttir(monkeypatch, tile))
+    assert with_hints["evict_last"] == with_hints["evict_first"] >= 1
+    assert with_hints["evict_last"] + with_hints["evict_first"] < with_hints["loads"]  # the weight's: none
+    assert without["evict_last"] == without["evict_first"] == 0 and without["loads"] == with_hints["loads"]
+
+
+@pytest.mark.parametrize("dtype,casting,offset,warps", [(jnp.bfloat16, "llama", 0.0, 16),
+                                                         (jnp.float16, "gemma", 1.0, 8)], ids=str)
+def test_interpreted_two_pass_meets_the_rule_and_the_fused_add_s_y_is_rms_norm_of_h(dtype, casting, offset, warps):
+    """The table's tile under the interpreter (ragged 5000 columns: the second chunk part-masked), held to the accuracy
+    rule (with the backward); the fused add's y on the same tile is ``rms_norm(h)``'s bits."""
+    config = Config(1, 4096, warps, programs=7, l1_hints=True)
+    x, w, dy = jax_inputs((7, 5000), dtype, offset, seed=4)
+    mode = dict(eps=1e-6, offset=offset, casting=casting)
+    check_jax(x, w, dy, impl="interpret", config=config, **mode)
+    r = jax_inputs((7, 5000), dtype, offset, seed=5)[0]
+    y_add, h = pn.rms_norm_add(x, r, w, impl="interpret", config=config, **mode)
+    np.testing.assert_array_equal(bits(y_add), bits(pn.rms_norm(h, w, impl="interpret", config=config, **mode)))
+
+
+gpu = pytest.mark.gpu
+hopper = pytest.mark.skipif(not ON_HOPPER, reason="the jaxlib launch is taken on Hopper GPUs")
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("shape,dtype,casting,offset", [((3000, 5120), jnp.bfloat16, "llama", 0.0),
+                                                        ((1001, 5120), jnp.float16, "gemma", 1.0),
+                                                        ((257, 5120), jnp.bfloat16, "none", 0.0)], ids=str)
+def test_gpu_two_pass_forward_runs_through_jaxlib_meets_the_rule_and_hints_keep_the_bits(shape, dtype, casting,
+                                                                                          offset):
+    """``impl=None``'s forward holds the jaxlib call and meets the accuracy rule (the backward too); the same tile
+    without the hints gives the same bits (a hint moves no value)."""
+    x, w, dy = jax_inputs(shape, dtype, offset, seed=7)
+    mode = dict(eps=1e-6, offset=offset, casting=casting)
+    assert triton_ffi.FFI_TARGET in jax.jit(lambda a, b: pn.rms_norm(a, b, **mode)).lower(x, w).as_text()
+    check_jax(x, w, dy, impl=None, **mode)
+    config = pallas_config.heuristic(*shape, backward=False, product_in_dtype=casting != "gemma")
+    assert config.l1_hints
+    y = pn.rms_norm(x, w, impl="pallas", config=config, **mode)
+    np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(x, w, **mode)))
+    plain = pn.rms_norm(x, w, impl="pallas", config=dataclasses.replace(config, l1_hints=False), **mode)
+    np.testing.assert_array_equal(bits(plain), bits(y))
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0)])
+def test_gpu_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(casting, offset):
+    """8192 rows of 5120 columns (a differing reduction order shows in a few rows only). Broken variant: the fused add
+    on the resident tile the forward took before, whose y differs from ``rms_norm(h)``'s."""
+    x, w, _ = jax_inputs((8192, 5120), jnp.bfloat16, offset, seed=11)
+    r = jax_inputs((8192, 5120), jnp.bfloat16, offset, seed=12)[0]
+    mode = dict(offset=offset, casting=casting)
+    y, h = pn.rms_norm_add(x, r, w, **mode)
+    np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(h, w, **mode)))
+    y_broken, h = pn.rms_norm_add(x, r, w, impl="pallas", config=Config(1, 8192, 8), **mode)
+    assert not np.array_equal(bits(y_broken), bits(pn.rms_norm(h, w, **mode)))
+
+
+@gpu
+@hopper
+def test_gpu_torch_launch_route_gives_the_two_pass_bits():
+    """``backend="pallas"`` on CUDA tensors launches the two-pass kernel's PTX: JAX's y, dx and dweight bits."""
+    import torch_bridge
+    from torch_bridge.numpy_io import autograd_outputs
+
+    x, w, dy = torch_inputs((999, 5120), torch.bfloat16, seed=6)
+    xj, wj, dyj = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
+    y_jax, vjp = jax.vjp(pn.rms_norm, xj, wj)
+    for ours, theirs in zip(autograd_outputs(lambda a, b: torch_bridge.rms_norm(a, b, backend="pallas"), x, w, dy),
+                            (y_jax, *vjp(dyj))):
+        np.testing.assert_array_equal(bits(ours), bits(theirs))
