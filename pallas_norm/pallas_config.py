@@ -136,9 +136,8 @@ def ffi_forward(n: int) -> bool:
 
 
 def ffi_two_pass(n: int, itemsize: int) -> bool:
-    """Whether the forward (plain or fused add) of rows of ``n`` columns of ``itemsize``-byte elements runs in two
-    passes over column chunks with L1 hints, launched by jaxlib's Triton call (``FWD_FFI_TWO_PASS``: those widths,
-    16-bit rows, where ``triton_ffi.available()``)."""
+    """Whether the forward (plain or fused add) of rows of ``n`` ``itemsize``-byte elements takes ``FWD_FFI_TWO_PASS``
+    (those widths, 16-bit rows, where ``triton_ffi.available()``)."""
     return n in FWD_FFI_TWO_PASS and itemsize == 2 and _available()
 
 
@@ -252,9 +251,8 @@ class Config:
 def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: int = 2,
               product_in_dtype: bool = True) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
-    add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``); the
-    forward's rows of ``itemsize``-byte elements, y's product in their dtype or not (``kernels.product_in_dtype``)
-    pick ``FWD_FFI_TWO_PASS``' tile."""
+    add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``);
+    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile."""
     n_pad = next_pow2(n)
     if not backward and ffi_two_pass(n, itemsize):  # one row per program
         cols, warps = FWD_FFI_TWO_PASS[n][0 if product_in_dtype else 1]
@@ -337,9 +335,8 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = 
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
     if config.l1_hints and (backward or config.lag or chunks == 1):
-        raise ValueError(f"l1_hints is an option of the forward of rows walked in column chunks without bands (lag=0, "
-                         f"block_cols < the padded row, {next_pow2(n)} here), got {config} for the "
-                         f"{'backward' if backward else 'forward'}")
+        raise ValueError(f"l1_hints is an option of the forward walking column chunks (lag=0, block_cols < the padded "
+                         f"row, {next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")
     if config.pieces and not (backward and chunks == 1):
         raise ValueError(f"pieces is an option of the backward of rows held whole (block_cols >= the padded row, "
                          f"{next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")

@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import auto, backend, kernels, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
+from helpers import bits, check_jax, hopper, jax_inputs, torch_inputs
 
 PTX = """
     mul.f32 %f3, %f1, %f2;
@@ -182,7 +182,6 @@ def test_launch_refuses_without_the_pieces(monkeypatch):
 
 
 gpu = pytest.mark.gpu
-hopper = pytest.mark.skipif(not ON_HOPPER, reason="the jaxlib launch is taken on Hopper GPUs")
 
 
 @gpu

@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import backend, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import ON_HOPPER, bits, check_jax, jax_inputs, torch_inputs
+from helpers import bits, check_jax, hopper, jax_inputs, torch_inputs
 
 
 def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeypatch):
@@ -92,7 +92,6 @@ def test_interpreted_two_pass_meets_the_rule_and_the_fused_add_s_y_is_rms_norm_o
 
 
 gpu = pytest.mark.gpu
-hopper = pytest.mark.skipif(not ON_HOPPER, reason="the jaxlib launch is taken on Hopper GPUs")
 
 
 @gpu
