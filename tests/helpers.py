@@ -181,3 +181,21 @@ def kernel_jaxpr(fn, *args) -> str:
         return None
 
     return str(find(jax.make_jaxpr(fn)(*args).jaxpr))
+
+
+def abstract_h100():
+    """A context in which ``jax.jit(...).lower`` targets an (abstract) H100 of 132 SMs, without one: the Triton IR
+    and modules XLA would receive there."""
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
+
+
+def h100_forward_ttir(monkeypatch, m: int, n: int, config) -> str:
+    """The Pallas forward's Triton IR for ``m`` × ``n`` bf16 rows (llama) on ``config``, lowered for an (abstract)
+    H100 (``backend.num_sms`` pinned to its 132)."""
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    with abstract_h100():
+        lowered = launch_route._lower_forward(m, n, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama", config)
+        return launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir

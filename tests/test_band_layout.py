@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import pytest
 import torch
 
 from pallas_norm import band_slots, band_tables, pallas_config
 from pallas_norm.pallas_config import Config
+
+from helpers import abstract_h100
 
 
 def test_slot_tiles_hold_four_slots_per_thread():
@@ -67,12 +68,11 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
     from torch_bridge import launch_route
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
 
     def shared(shape, config):
         lower = launch_route._lower_backward if backward else launch_route._lower_forward
         args = (torch.bfloat16, torch.bfloat16) + ((0.0,) if backward else (1e-6, 0.0)) + ("llama", config)
-        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        with abstract_h100():
             call = launch_route.parse_program(lower(*shape, *args).compiler_ir("stablehlo")).calls[0]
         return _shared(triton, GPUTarget, call.ttir, config.num_warps)
 
@@ -101,14 +101,13 @@ def test_torch_launch_route_fills_the_slots_per_call():
     writing into one of the caller's inputs is refused (the DLPack route runs it instead)."""
     from torch_bridge import launch_route, xla_program
 
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
     config = Config(4, 1024, 4, lag=2, prefetch=True)
     lower = {"fwd": lambda: launch_route._lower_forward(64, 262144, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama",
                                                         config),
              "bwd": lambda: launch_route._lower_backward(64, 262144, torch.bfloat16, torch.bfloat16, 0.0, "llama",
                                                          config)}
     for mode, lowering in lower.items():
-        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        with abstract_h100():
             lowered = lowering()
         program = launch_route.parse_program(lowered.compiler_ir("stablehlo"))
         (call,) = program.calls

@@ -18,12 +18,13 @@ import torch
 from pallas_norm import pallas_config
 from torch_bridge import cuda_driver, launch_route, xla_binaries
 
+from helpers import abstract_h100
+
 
 def test_launch_route_reads_lowered_modules_as_kernel_chains():
     """The launch route's reader, on modules lowered for an (abstract) H100: kernels, grids, data flow; and a
     module with an XLA op is refused (the caller then falls back to DLPack)."""
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+    with abstract_h100():
         fwd = launch_route.forward_program(8, 4096, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama")
         chunked = pallas_config.Config(block_rows=1, block_cols=4096, num_warps=16)  # 3 kernels (the heuristic: bands)
         bwd = launch_route.parse_program(launch_route._lower_backward(

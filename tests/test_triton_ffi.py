@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import auto, backend, kernels, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import bits, check_jax, hopper, jax_inputs, torch_inputs
+from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, torch_inputs
 
 PTX = """
     mul.f32 %f3, %f1, %f2;
@@ -48,16 +48,9 @@ def test_the_forward_s_ptx_has_nothing_left_to_contract(monkeypatch):
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
 
-    from torch_bridge import launch_route
-
-    monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        lowered = launch_route._lower_forward(8, 32768, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama",
-                                              Config(1, 32768, 16))
-        call = launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0]
+    ttir = h100_forward_ttir(monkeypatch, 8, 32768, Config(1, 32768, 16))
     with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
-        f.write(call.ttir)
+        f.write(ttir)
         f.flush()
         ptx = triton.compile(f.name, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16)).asm["ptx"]
     assert triton_ffi._UNROUNDED.search(ptx) is not None

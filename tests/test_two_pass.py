@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import backend, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import bits, check_jax, hopper, jax_inputs, torch_inputs
+from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, torch_inputs
 
 
 def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeypatch):
@@ -51,17 +51,6 @@ def test_l1_hints_are_an_option_of_the_chunked_forward_only():
         Config(1, 1024, 4, l1_hints=1)
 
 
-def _ttir(monkeypatch, config: Config) -> str:
-    """The forward's Triton IR at 8×5120 bf16 for an (abstract) H100, as XLA (or jaxlib) receives it."""
-    from torch_bridge import launch_route
-
-    monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        lowered = launch_route._lower_forward(8, 5120, torch.bfloat16, torch.bfloat16, 1e-6, 0.0, "llama", config)
-        return launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir
-
-
 def test_the_hints_reach_the_loads_of_the_two_passes(monkeypatch):
     """The first pass's loads of x carry ``evict_last``, the second's ``evict_first``; the weight's carry none. Broken
     variant: the same tile without ``l1_hints``, whose loads carry no hint."""
@@ -70,8 +59,8 @@ def test_the_hints_reach_the_loads_of_the_two_passes(monkeypatch):
         return {h: sum(h in line for line in loads) for h in ("evict_last", "evict_first")} | {"loads": len(loads)}
 
     tile = Config(1, 4096, 16, programs=8)
-    with_hints = hinted(_ttir(monkeypatch, dataclasses.replace(tile, l1_hints=True)))
-    without = hinted(_ttir(monkeypatch, tile))
+    with_hints = hinted(h100_forward_ttir(monkeypatch, 8, 5120, dataclasses.replace(tile, l1_hints=True)))
+    without = hinted(h100_forward_ttir(monkeypatch, 8, 5120, tile))
     assert with_hints["evict_last"] == with_hints["evict_first"] >= 1
     assert with_hints["evict_last"] + with_hints["evict_first"] < with_hints["loads"]  # the weight's: none
     assert without["evict_last"] == without["evict_first"] == 0 and without["loads"] == with_hints["loads"]
