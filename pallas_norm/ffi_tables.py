@@ -27,8 +27,11 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
 # / 3.02 (torch.compile 3.03; without the hints 3.00, by XLA's launch 2.89), 8192×5120 2.92 / 2.96 → 2.94 / 2.99,
 # 4096×5120 2.80 / 2.89 → 2.82 / 2.92; fp16 llama alike; bf16 gemma on 8 warps 32768×5120 2.97 / 2.98 → 3.01 / 2.98,
 # 4096×5120 2.77 / 2.88 → 2.81 / 2.91 (on 16 warps 2.72 / 2.92). At 2304 and 3584 columns no two-pass tile beat
-# the resident plain forward. The Triton reference keeps its resident tile here: its chunked walk with these hints
-# lost 3-10% (§9).
+# the resident plain forward. The Triton reference's forward reads this table too (``triton_config.forward_config``,
+# ``triton_two_pass``: the row length a compile-time constant; its run-time walk with the hints lost 3-10%, §9).
+# Thirtieth session (H100, launched by torch; probes_h100_2026-11-27_thirtieth.md §1), plain / fused add against its
+# resident tile: bf16 llama 32768×5120 3.02 / 3.01 → 3.04 / 3.02 (torch.compile 3.03), 4096×5120 2.79 / 2.90 → 2.81 /
+# 2.93; bf16 gemma (8 warps) 32768×5120 3.01 / 3.00 → 3.01 / 2.96, 4096×5120 2.76 / 2.88 → 2.82 / 2.88.
 FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8))}
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
 # of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on

@@ -91,7 +91,7 @@ def _triton_outputs(x, r, w, monkeypatch, rule, config=None, **kw):
 
 
 TRITON_CASES = [((37, 1000), torch.float16, "llama", 0.0, None), ((20, 640), torch.float16, "none", 1.0, None),
-                ((37, 1000), torch.float16, "llama", 0.0, "chunked")]
+                ((37, 1000), torch.float16, "llama", 0.0, "chunked"), ((9, 5000), torch.float16, "none", 1.0, "two_pass")]
 if DEVICE == "cuda":  # the interpreter keeps bfloat16's float32 product (it would round a bf16 one by truncation)
     TRITON_CASES += [((4096, 5120), torch.bfloat16, "llama", 0.0, None), ((1000, 16384), torch.bfloat16, "none", 0.0,
                                                                          None),
@@ -100,14 +100,18 @@ if DEVICE == "cuda":  # the interpreter keeps bfloat16's float32 product (it wou
 
 @pytest.mark.parametrize("case", range(len(TRITON_CASES)))
 def test_triton_reference_same_bits(case, monkeypatch):
-    """The Triton reference's forward likewise (resident rows, and column chunks forced), plain and fused add.
-    Broken variant: the rule forced for gemma changes the bits."""
-    from torch_bridge import triton_config
+    """The Triton reference's forward likewise (resident rows, column chunks and the two-pass walk forced; the
+    heuristic's tile pinned: the rule also picks the two-pass warps), plain and fused add. Broken variant: the rule
+    forced for gemma changes the bits."""
+    from torch_bridge import triton_config, triton_launch
 
-    shape, dt, casting, offset, chunked = TRITON_CASES[case]
+    shape, dt, casting, offset, walk = TRITON_CASES[case]
     x, w, _ = torch_inputs(shape, dt, offset, seed=case, scale=3.0)
     r = torch_inputs(shape, dt, seed=case + 10)[0]
-    kw = dict(offset=offset, casting=casting, config=triton_config.chunked_forward_config() if chunked else None)
+    config = {"chunked": triton_config.chunked_forward_config(),
+              "two_pass": triton_config.Config(1, 4096, 16, l1_hints=True)}.get(walk)
+    kw = dict(offset=offset, casting=casting,
+              config=config or triton_config.forward_config(shape[1], triton_launch.sm_count(x), dt.itemsize))
     low = _triton_outputs(x, r, w, monkeypatch, output_in_dtype, **kw)
     wide = _triton_outputs(x, r, w, monkeypatch, lambda *a: False, **kw)
     for a, b in zip(low, wide):

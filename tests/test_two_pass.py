@@ -1,7 +1,7 @@
 """The forward in two passes over column chunks with L1 hints (``Config.l1_hints``, ``pallas_config.FWD_FFI_TWO_PASS``,
 jaxlib's launch): where the heuristic takes it, that the hints reach the kernel's loads and nowhere else, its results
 under the interpreter and on a GPU (the accuracy rule, the bits without the hints, the fused add's y, the torch launch
-route's bits)."""
+route's bits); the Triton reference's two-pass forward likewise (``triton_two_pass``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pallas_norm as pn
 from pallas_norm import backend, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
-from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, torch_inputs
+from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, judge, torch_inputs
 
 
 def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeypatch):
@@ -132,3 +132,119 @@ def test_gpu_torch_launch_route_gives_the_two_pass_bits():
     for ours, theirs in zip(autograd_outputs(lambda a, b: torch_bridge.rms_norm(a, b, backend="pallas"), x, w, dy),
                             (y_jax, *vjp(dyj))):
         np.testing.assert_array_equal(bits(ours), bits(theirs))
+
+
+# ----------------------------------------------------------------------------------------------
+# The Triton reference's two-pass forward (triton_two_pass: the same table and design, N a compile-time constant)
+# ----------------------------------------------------------------------------------------------
+def _triton():
+    from torch_bridge import triton_config, triton_kernels
+
+    return triton_config, triton_kernels
+
+
+def test_triton_reference_takes_the_same_table():
+    """``triton_config.forward_config`` reads ``FWD_FFI_TWO_PASS``: 16-bit rows of 5120 columns, 16 warps where y's
+    product is in the row dtype, 8 where it is float32; the resident tile for 4-byte rows and other widths."""
+    triton_config, _ = _triton()
+    for low, warps in ((True, 16), (False, 8)):
+        assert triton_config.forward_config(5120, 132, 2, low) == triton_config.Config(1, 4096, warps, l1_hints=True)
+    assert triton_config.forward_config(5120, 132, 4) == triton_config.Config(1, 8192, 8)
+    for n in (5000, 4096, 2304, 8192):
+        assert not triton_config.forward_config(n, 132, 2).l1_hints
+
+
+def test_triton_l1_hints_are_an_option_of_the_forward_in_chunks_of_one_row():
+    """Refused with more than one row per program, bands or pieces (by ``Config``), for a row held whole (by the
+    launcher) and for the backward."""
+    triton_config, triton_kernels = _triton()
+    for bad in (dict(block_m=2), dict(lag=2), dict(pieces=True)):
+        with pytest.raises(ValueError, match="l1_hints"):
+            triton_config.Config(**{"block_m": 1, "block_n": 1024, "num_warps": 4, "l1_hints": True, **bad})
+    x, w, dy = torch_inputs((3, 1000), torch.bfloat16, seed=1)
+    with pytest.raises(ValueError, match="l1_hints"):
+        triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", triton_config.Config(1, 1024, 4, l1_hints=True))
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    with pytest.raises(ValueError, match="l1_hints"):
+        triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True,
+                                    triton_config.Config(1, 512, 4, l1_hints=True))
+
+
+@pytest.mark.parametrize("dtype,casting,offset,n,warps", [(torch.bfloat16, "llama", 0.0, 5000, 16),
+                                                           (torch.float16, "gemma", 1.0, 5120, 8),
+                                                           (torch.float32, "none", 0.0, 3000, 4)], ids=str)
+def test_triton_two_pass_meets_the_rule_with_the_chunked_walk_s_bits(dtype, casting, offset, n, warps):
+    """The two-pass kernel (a full chunk and a part-masked one; 3000 columns in chunks of 1024: three) held to the
+    accuracy rule with the backward; its y and rstd are the run-time chunked walk's bits (the same sum order, no
+    hints) and the fused add's y on it is ``rms_norm(h)``'s."""
+    triton_config, triton_kernels = _triton()
+    config = triton_config.Config(1, 4096 if n > 4096 else 1024, warps, l1_hints=True)
+    x, w, dy = torch_inputs((7, n), dtype, offset, seed=3)
+    mode = dict(offset=offset, casting=casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=config, **mode)
+    dx, dw = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True)
+    assert judge(x, w, dy, (y, dx, dw), eps=1e-6, **mode) == []
+    walk = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=dataclasses.replace(config, l1_hints=False), **mode)
+    for a, b in zip((y, rstd), walk):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    r = torch_inputs((7, n), dtype, seed=4)[0]
+    y_add, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=config, residual=r, h_dtype=dtype, **mode)
+    np.testing.assert_array_equal(bits(y_add), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, config=config, **mode)[0]))
+
+
+def _ptx(monkeypatch, call) -> str:
+    """The PTX of the forward kernel ``call()`` launches (launched once more through Triton's own path)."""
+    from torch_bridge import triton_launch
+
+    seen = []
+    real = triton_launch.launch
+    monkeypatch.setattr(triton_launch, "launch",
+                        lambda key, kernel, grid, args, meta, **k: (seen.append((kernel, grid, args, meta())),
+                                                                    real(key, kernel, grid, args, meta, **k)))
+    call()
+    kernel, grid, args, meta = seen[-1]
+    return kernel[grid](*args, **meta).asm["ptx"]
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("shape,dtype,casting,offset", [((3000, 5120), torch.bfloat16, "llama", 0.0),
+                                                        ((1001, 5120), torch.float16, "gemma", 1.0)], ids=str)
+def test_gpu_triton_two_pass_meets_the_rule_and_its_loads_carry_the_hints(shape, dtype, casting, offset,
+                                                                           monkeypatch):
+    """``backend="triton"`` at 5120 columns takes the two-pass kernel, meets the accuracy rule (with the backward) and
+    gives the run-time walk's bits; its PTX loads with L1's ``evict_last`` and ``evict_first``. Broken variant: the
+    run-time walk's PTX carries neither."""
+    from helpers import check_case
+
+    triton_config, triton_kernels = _triton()
+    check_case(shape, dtype, casting, offset)
+    x, w, _ = torch_inputs(shape, dtype, offset, seed=8)
+    config = triton_config.forward_config(shape[1], 132, 2, casting != "gemma")
+    mode = dict(offset=offset, casting=casting)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **mode)
+    walk = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=dataclasses.replace(config, l1_hints=False), **mode)
+    for a, b in zip((y, rstd), walk):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    hinted = _ptx(monkeypatch, lambda: triton_kernels.rms_norm_fwd(x, w, 1e-6, config=config, **mode))
+    assert "L1::evict_last" in hinted and "L1::evict_first" in hinted
+    plain = _ptx(monkeypatch, lambda: triton_kernels.rms_norm_fwd(
+        x, w, 1e-6, config=dataclasses.replace(config, l1_hints=False), **mode))
+    assert "L1::evict_last" not in plain and "L1::evict_first" not in plain
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0)])
+def test_gpu_triton_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(casting, offset):
+    """8192 rows of 5120 columns through ``backend="triton"``'s heuristic. Broken variant: the fused add on the
+    resident tile the reference took before, whose y differs from ``rms_norm(h)``'s."""
+    triton_config, triton_kernels = _triton()
+    x, w, _ = torch_inputs((8192, 5120), torch.bfloat16, offset, seed=11)
+    r = torch_inputs((8192, 5120), torch.bfloat16, seed=12)[0]
+    mode = dict(offset=offset, casting=casting)
+    y, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, residual=r, h_dtype=x.dtype, **mode)
+    np.testing.assert_array_equal(bits(y), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))
+    y_broken, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=triton_config.Config(1, 8192, 8), residual=r,
+                                                 h_dtype=x.dtype, **mode)
+    assert not np.array_equal(bits(y_broken), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))

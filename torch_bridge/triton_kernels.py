@@ -20,54 +20,15 @@ import triton.language as tl
 
 from pallas_norm import rowmath
 from pallas_norm.pallas_config import balanced, cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs
-from torch_bridge import custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces
+from torch_bridge import (custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces,
+                          triton_two_pass)
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
-                                         _to_dt, _w_eff)
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _row, _rstd,
+                                         _store_y, _tile, _to_dt, _w_eff, _weight_low)
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _weight_low(W, cols, N, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                EMULATE_BF16: tl.constexpr):
-    """w_eff[cols] as a value of DT (``rowmath.output_in_dtype``): llama's w as stored, none's r(r(w) + offset)."""
-    w = tl.load(W + cols, mask=cols < N, other=0.0)
-    if CASTING == 0:
-        return w
-    else:
-        return _to_dt(_w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16), DT, EMULATE_BF16)
-
-
-@triton.jit
-def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr,
-             CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight); LOW: n and ``w_low`` (w_eff as a
-    value of DT) multiplied in DT, the same bits (``rowmath.output_in_dtype``)."""
-    n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
-    if LOW:
-        y = _to_dt(n, DT, EMULATE_BF16) * w_low[None, :]
-    else:
-        if HAS_WEIGHT:
-            w = tl.load(W + cols, mask=cols < N, other=0.0)
-            n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
-        y = _to_dt(n, DT, EMULATE_BF16)
-    tl.store(Y + base + cols[None, :], y, mask=mask)
-
-
-@triton.jit
-def _row(X, R, H, offs, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-         EMULATE_BF16: tl.constexpr):
-    """The row values normalised, in CT: x, or (the fused add) h = r(x + residual), stored to H with STORE_H."""
-    x = tl.load(X + offs, mask=mask, other=0.0).to(CT)
-    if HAS_RESIDUAL:
-        h = _to_dt(x + tl.load(R + offs, mask=mask, other=0.0).to(CT), DT, EMULATE_BF16)
-        if STORE_H:
-            tl.store(H + offs, h, mask=mask)
-        x = h.to(CT)
-    return x
-
-
 @triton.jit
 def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -87,7 +48,7 @@ def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
         row_mask = rows < M
         base = rows[:, None] * N
         mask = row_mask[:, None] & (cols0[None, :] < N)
-        x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
+        x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, "")
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
         _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -100,14 +61,14 @@ def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
             for start in range(0, N, BLOCK_N):
                 cols = start + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
-                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, False, DT, CT, EMULATE_BF16)
+                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, False, DT, CT, EMULATE_BF16, "")
                 acc += x * x
             rstd = _rstd(tl.sum(acc, axis=1), n_f, eps, CT)
             n_chunks = tl.cdiv(N, BLOCK_N)
             for i in range(0, n_chunks):  # backwards: the row's tail is the part most likely still in L2
                 cols = (n_chunks - 1 - i) * BLOCK_N + cols0
                 mask = row_mask[:, None] & (cols[None, :] < N)
-                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16)
+                x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, "")
                 w_low = 0.0
                 if LOW:
                     w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16)
@@ -225,11 +186,12 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     With ``residual`` (the fused add, same shape): ``(y, h, rstd)``, ``h = r(x + residual)`` in ``h_dtype`` and
     ``y`` (``h_dtype`` too) its norm."""
     M, N = custom_ops.rows(x)
-    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x))
-    if cfg.pieces:
-        raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
+    low = _output_in_dtype(weight, row_dtype, offset, casting)
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low)
+    if cfg.pieces:
+        raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     if rstd is None:
         rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.compute_dtype(row_dtype))
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
@@ -238,9 +200,12 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
         cfg = triton_config.chunked_forward_config()  # float64: its partial sums do not fit the 32-bit slots
     h = torch.empty_like(x, dtype=h_dtype) if fused else None
     y = torch.empty_like(x, dtype=row_dtype)
-    low = _output_in_dtype(weight, row_dtype, offset, casting)
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype, low)
+    if cfg.l1_hints:
+        triton_two_pass.forward(x, residual, weight, y, h, rstd, eps, offset, casting, cfg, key,
+                                dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, LOW=low, **_common(y)))
+        return (y, h, rstd) if fused else (y, rstd)
     row_blocks = cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x)) if cfg.chunked(N) else row_blocks
     triton_launch.launch(key, _fwd_kernel, (g,),
@@ -273,6 +238,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
                                          dh_out=dh_out)
         cfg = triton_config.chunked_backward_config()  # float64: its partial sums do not fit the 32-bit slots
+    if cfg.l1_hints:
+        raise ValueError(f"l1_hints is an option of the forward, got {cfg} for the backward")
     pieces = triton_pieces.two_pieces(N) if cfg.pieces else None
     if pieces and cfg.chunked(N):
         raise ValueError(f"pieces is an option of the backward of rows held whole (block_n >= {N}), got {cfg}")

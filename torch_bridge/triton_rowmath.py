@@ -1,5 +1,5 @@
-"""The Triton kernels' row math, written once for the reference kernels (``triton_kernels``) and the band backward
-(``triton_bands``), implementing ``docs/semantics.md``:
+"""The Triton kernels' row math, written once for the reference kernels (``triton_kernels``, ``triton_two_pass``,
+``triton_pieces``) and the bands (``triton_bands``), implementing ``docs/semantics.md``:
 
     rstd = rsqrt(mean(x32 * x32) + eps)
     n    = normalised value, rounded per casting (llama: r(x32*rstd); gemma: x32*rstd; none: r(x32*r(rstd)))
@@ -124,3 +124,47 @@ def _dx(x, g, rstd, c):
     """rstd * (g - x * rstd^2 * c), c = mean(g * x) per row."""
     r = rstd[:, None]
     return r * (g - x * (r * r) * c[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward's row helpers (the resident and chunked walks of triton_kernels, triton_two_pass)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _weight_low(W, cols, N, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+                EMULATE_BF16: tl.constexpr):
+    """w_eff[cols] as a value of DT (``rowmath.output_in_dtype``): llama's w as stored, none's r(r(w) + offset)."""
+    w = tl.load(W + cols, mask=cols < N, other=0.0)
+    if CASTING == 0:
+        return w
+    else:
+        return _to_dt(_w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16), DT, EMULATE_BF16)
+
+
+@triton.jit
+def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr,
+             CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight); LOW: n and ``w_low`` (w_eff as a
+    value of DT) multiplied in DT, the same bits (``rowmath.output_in_dtype``)."""
+    n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
+    if LOW:
+        y = _to_dt(n, DT, EMULATE_BF16) * w_low[None, :]
+    else:
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=cols < N, other=0.0)
+            n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
+        y = _to_dt(n, DT, EMULATE_BF16)
+    tl.store(Y + base + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _row(X, R, H, offs, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
+         EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr):
+    """The row values normalised, in CT: x, or (the fused add) h = r(x + residual), stored to H with STORE_H; both
+    loaded with the L1 eviction hint EVICT ("" for none)."""
+    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(CT)
+    if HAS_RESIDUAL:
+        h = _to_dt(x + tl.load(R + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(CT), DT, EMULATE_BF16)
+        if STORE_H:
+            tl.store(H + offs, h, mask=mask)
+        x = h.to(CT)
+    return x
