@@ -168,12 +168,15 @@ def test_backward_heuristic_prefetches_resident_rows():
 
 def test_forward_tiles_full_rows_by_the_table():
     """Full rows of ``FWD_RESIDENT``'s lengths take its tile; padded rows (2304 of 4096, 1536 of 2048) and the other
-    lengths keep the ``TILE_ELEMS`` rule (a warp per 1024 tile elements)."""
+    lengths keep the ``TILE_ELEMS`` rule (a warp per 1024 tile elements); 16-bit rows of 5120 columns take the
+    two-pass walk (``tests/test_two_pass.py``), 4-byte ones the rule."""
     tiles = {n: (c.block_m, c.block_n, c.num_warps) for n in (1024, 1536, 2048, 2304, 3584, 4096, 5120, 8192, 16384)
-             for c in [triton_config.forward_config(n)]}
+             for c in [triton_config.forward_config(n, itemsize=4)]}
     assert tiles == {1024: (4, 1024, 4), 1536: (2, 2048, 4), 2048: (1, 2048, 8), 2304: (1, 4096, 4),
                      3584: (1, 4096, 8), 4096: (1, 4096, 8), 5120: (1, 8192, 8), 8192: (1, 8192, 16),
                      16384: (1, 16384, 16)}
+    assert {n: triton_config.forward_config(n) for n in tiles if n != 5120} == {
+        n: triton_config.forward_config(n, itemsize=4) for n in tiles if n != 5120}
 
 
 def test_bad_config():
