@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import backend
+from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401 (re-exported)
                          FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS)
@@ -209,8 +209,9 @@ class Config:
     (the resident forward and backward): compiled by the ``triton`` package and launched by jaxlib's Triton call
     instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter), a
     persistent grid's kernel held to the registers that let its ``programs`` fit at once (``register_cap``: a tile
-    wanting more spills); ``l1_hints`` (the chunked forward): its first pass loads with L1's ``evict_last`` hint and
-    its second with ``evict_first``, so the second read hits L1 where the carveout leaves room (jaxlib's launch).
+    wanting more spills); ``l1_hints`` (the forward without bands): in column chunks, the first pass loads with
+    L1's ``evict_last`` hint and the second with ``evict_first``, so the second read hits L1 where the carveout
+    leaves room (jaxlib's launch); a resident row's loads (x, residual, weight) all ``evict_last``.
     """
 
     block_rows: int
@@ -252,14 +253,16 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
               product_in_dtype: bool = True) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables above; ``fused``: the fused
     add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the plain backward may take ``BWD_FFI_PIECES_PLAIN``);
-    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile."""
+    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile; the resident
+    forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
     if not backward and ffi_two_pass(n, itemsize):  # one row per program
         cols, warps = FWD_FFI_TWO_PASS[n][0 if product_in_dtype else 1]
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
+    hints = not backward and l1_hints.resident(n_pad, fused)  # the resident forward's
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
-        return fit(Config(block_rows, n_pad, warps, ffi_launch=True), m, n, backward=False)
+        return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     banded = bands_config(m, n, backward=backward)
     if banded is not None:
         return banded
@@ -276,7 +279,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         else:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
-        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n)), m, n, backward=False)
+        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n), l1_hints=hints), m, n,
+                   backward=False)
     pieces, ffi = n in BWD_PIECES, ffi_backward(n)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
@@ -334,9 +338,9 @@ def fit(config: Config | None, m: int, n: int, *, backward: bool, fused: bool = 
                          f"the {'backward' if backward else 'forward'}")
     config = dataclasses.replace(config, block_cols=min(config.block_cols, next_pow2(n)))
     chunks = config.chunks(n)
-    if config.l1_hints and (backward or config.lag or chunks == 1):
-        raise ValueError(f"l1_hints is an option of the forward walking column chunks (lag=0, block_cols < the padded "
-                         f"row, {next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")
+    if config.l1_hints and (backward or config.lag):
+        raise ValueError(f"l1_hints is an option of the forward without bands (lag=0), got {config} for the "
+                         f"{'backward' if backward else 'forward'}")
     if config.pieces and not (backward and chunks == 1):
         raise ValueError(f"pieces is an option of the backward of rows held whole (block_cols >= the padded row, "
                          f"{next_pow2(n)} here), got {config} for the {'backward' if backward else 'forward'}")

@@ -37,10 +37,11 @@ def _tile(ref, rows, rmask, cols, cmask, dtype=F32, eviction: str | None = None)
     return tile if dtype is None else tile.astype(dtype)
 
 
-def _weight(w_ref, cols, cmask, offset: float, casting: str, dt):
+def _weight(w_ref, cols, cmask, offset: float, casting: str, dt, eviction: str | None = None):
+    """``w_eff`` over ``cols`` in float32, a row vector (``eviction``: ``backend.load``'s cache hint)."""
     if w_ref is None:
         return None
-    w32 = backend.load(w_ref.at[cols], _col_mask(cols, cmask)).astype(F32)
+    w32 = backend.load(w_ref.at[cols], _col_mask(cols, cmask), eviction=eviction).astype(F32)
     return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
 
 

@@ -91,7 +91,8 @@ def _triton_outputs(x, r, w, monkeypatch, rule, config=None, **kw):
 
 
 TRITON_CASES = [((37, 1000), torch.float16, "llama", 0.0, None), ((20, 640), torch.float16, "none", 1.0, None),
-                ((37, 1000), torch.float16, "llama", 0.0, "chunked"), ((9, 5000), torch.float16, "none", 1.0, "two_pass")]
+                ((37, 1000), torch.float16, "llama", 0.0, "chunked"),
+                ((9, 5000), torch.float16, "none", 1.0, "two_pass")]
 if DEVICE == "cuda":  # the interpreter keeps bfloat16's float32 product (it would round a bf16 one by truncation)
     TRITON_CASES += [((4096, 5120), torch.bfloat16, "llama", 0.0, None), ((1000, 16384), torch.bfloat16, "none", 0.0,
                                                                          None),

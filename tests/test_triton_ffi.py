@@ -59,23 +59,25 @@ def test_the_forward_s_ptx_has_nothing_left_to_contract(monkeypatch):
 
 
 def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch):
-    """Full rows of the table's padded lengths, the forward only (plain and fused add, one tile); without
-    ``available()`` nothing changes (the XLA-launched tiles, Mosaic GPU for 32768 columns)."""
+    """Full rows of the table's padded lengths, the forward only (plain and fused add, one tile, with the resident
+    L1 hints: ``test_two_pass.py``); without ``available()`` nothing changes (the XLA-launched tiles, Mosaic GPU for
+    32768 columns)."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     assert not pallas_config.heuristic(4096, 16384, backward=False).ffi_launch
     assert auto.lowering(False, 32768) == "mosaic"
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
-    assert pallas_config.heuristic(4096, 16384, backward=False) == Config(1, 16384, 16, ffi_launch=True)
-    assert pallas_config.heuristic(8192, 32768, backward=False) == Config(1, 32768, 16, ffi_launch=True)
+    ffi = dict(ffi_launch=True, l1_hints=True)
+    assert pallas_config.heuristic(4096, 16384, backward=False) == Config(1, 16384, 16, **ffi)
+    assert pallas_config.heuristic(8192, 32768, backward=False) == Config(1, 32768, 16, **ffi)
     assert auto.lowering(False, 32768) == "pallas" and auto.lowering(False, 30000) == "pallas"
     assert auto.lowering(False, 24576) == "mosaic"  # 3/4 of 32768: not a full row
     assert not pallas_config.heuristic(8192, 24576, backward=False).ffi_launch
-    assert pallas_config.heuristic(4096, 16384, backward=False, fused=True) == Config(1, 16384, 16, ffi_launch=True)
+    assert pallas_config.heuristic(4096, 16384, backward=False, fused=True) == Config(1, 16384, 16, **ffi)
     for n in (8192, 8000):
         for fused in (False, True):
-            assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, ffi_launch=True)
+            assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, **ffi)
     for n in (4096, 2304, 2048):  # shorter full rows and padded ones stay XLA-launched (5120: test_two_pass.py)
         assert not pallas_config.heuristic(4096, n, backward=False).ffi_launch
     assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch  # column bands
@@ -96,7 +98,8 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
         jaxlib = pallas_config.heuristic(m, n, backward=False, fused=fused)
         assert jaxlib == dataclasses.replace(config, ffi_launch=m <= limit and n != 700), (m, n, fused)
     assert pallas_config.heuristic(limit, 1024, backward=False) == Config(2, 1024, 4, ffi_launch=True)
-    assert pallas_config.heuristic(limit, 1024, backward=False, fused=True) == Config(4, 1024, 4, ffi_launch=True)
+    assert pallas_config.heuristic(limit, 1024, backward=False, fused=True) == Config(4, 1024, 4, ffi_launch=True,
+                                                                                     l1_hints=True)
     monkeypatch.setattr(backend, "num_sms", lambda: 66)  # the rows follow the GPU's size
     assert not pallas_config.heuristic(limit, 1024, backward=False).ffi_launch
     assert pallas_config.heuristic(limit // 2, 1024, backward=False).ffi_launch

@@ -27,7 +27,7 @@ def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeyp
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     resident = pallas_config.heuristic(4096, 5120, backward=False)
-    assert resident == Config(1, 8192, 8)
+    assert resident == Config(1, 8192, 8, l1_hints=True)  # padded to 8192: the resident hints (l1_hints.resident)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     for fused in (False, True):
         for low, warps in ((True, 16), (False, 8)):
@@ -36,34 +36,66 @@ def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeyp
     assert pallas_config.heuristic(3, 5120, backward=False).programs == 3
     assert pallas_config.heuristic(4096, 5120, backward=False, itemsize=4) == resident
     for n in (5000, 4096, 2304, 3584):
-        assert not pallas_config.heuristic(4096, n, backward=False).l1_hints
+        assert pallas_config.heuristic(4096, n, backward=False).resident(n)  # (5000: with the resident hints)
     assert not pallas_config.heuristic(4096, 5120, backward=True).l1_hints
 
 
-def test_l1_hints_are_an_option_of_the_chunked_forward_only():
-    """Refused for the backward, for a row held whole (block_cols at least its padded length) and for column bands."""
+def test_l1_hints_are_an_option_of_the_forward_without_bands():
+    """Refused for the backward and for column bands; a resident row takes them (every load ``evict_last``)."""
     for bad, n, backward in ((Config(1, 1024, 4, programs=8, l1_hints=True), 4096, True),
-                             (Config(1, 8192, 8, l1_hints=True), 5120, False),
                              (Config(1, 1024, 1, lag=2, l1_hints=True), 4096, False)):
         with pytest.raises(ValueError, match="l1_hints"):
             pallas_config.fit(bad, 8, n, backward=backward)
+    assert pallas_config.fit(Config(1, 8192, 8, l1_hints=True), 8, 5120, backward=False).l1_hints
     with pytest.raises(ValueError, match="l1_hints"):
         Config(1, 1024, 4, l1_hints=1)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_both_stacks_take_the_resident_hints_by_one_rule(fused, monkeypatch):
+    """The resident forward takes ``l1_hints`` where ``l1_hints.resident`` says, in both stacks: the plain forward
+    from 8192 padded columns, the fused add's from 1024; not the per-head widths, nor the bands or chunks."""
+    from pallas_norm import l1_hints
+    from torch_bridge import triton_config
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    widths = (128, 1024, 2304, 4096, 8192, 16384, 32768)
+    want = {n: n >= (1024 if fused else 8192) for n in widths}
+    assert {n: l1_hints.resident(pallas_config.next_pow2(n), fused) for n in widths} == want
+    pallas = {n: pallas_config.heuristic(4096, n, backward=False, fused=fused) for n in widths}
+    assert {n: c.l1_hints for n, c in pallas.items() if c.resident(n)} == {n: want[n] for n in widths if n <= 16384}
+    triton = {n: triton_config.forward_config(n, 132, 2, True, fused) for n in widths}
+    assert {n: c.l1_hints for n, c in triton.items()} == want
+    assert not pallas_config.heuristic(4096, 65536, backward=False, fused=fused).l1_hints  # bands
+    assert not triton_config.forward_config(65536, 132, 2, True, fused).l1_hints
+
+
+def _hinted(ttir: str) -> dict:
+    """How many of the Triton IR's loads carry each L1 hint, and how many loads there are."""
+    loads = [line for line in ttir.splitlines() if "tt.load" in line]
+    return {h: sum(h in line for line in loads) for h in ("evict_last", "evict_first")} | {"loads": len(loads)}
 
 
 def test_the_hints_reach_the_loads_of_the_two_passes(monkeypatch):
     """The first pass's loads of x carry ``evict_last``, the second's ``evict_first``; the weight's carry none. Broken
     variant: the same tile without ``l1_hints``, whose loads carry no hint."""
-    def hinted(ttir: str) -> dict:
-        loads = [line for line in ttir.splitlines() if "tt.load" in line]
-        return {h: sum(h in line for line in loads) for h in ("evict_last", "evict_first")} | {"loads": len(loads)}
-
+    hinted = _hinted
     tile = Config(1, 4096, 16, programs=8)
     with_hints = hinted(h100_forward_ttir(monkeypatch, 8, 5120, dataclasses.replace(tile, l1_hints=True)))
     without = hinted(h100_forward_ttir(monkeypatch, 8, 5120, tile))
     assert with_hints["evict_last"] == with_hints["evict_first"] >= 1
     assert with_hints["evict_last"] + with_hints["evict_first"] < with_hints["loads"]  # the weight's: none
     assert without["evict_last"] == without["evict_first"] == 0 and without["loads"] == with_hints["loads"]
+
+
+def test_a_resident_row_s_loads_all_carry_evict_last(monkeypatch):
+    """With ``l1_hints`` the resident forward loads x and the weight ``evict_last``, nothing ``evict_first``. Broken
+    variant: the same tile without, whose loads carry no hint."""
+    tile = Config(1, 8192, 16)
+    with_hints = _hinted(h100_forward_ttir(monkeypatch, 8, 8192, dataclasses.replace(tile, l1_hints=True)))
+    without = _hinted(h100_forward_ttir(monkeypatch, 8, 8192, tile))
+    assert with_hints["evict_last"] == 2 and with_hints["evict_first"] == 0  # x and the weight (the rest: stores')
+    assert without == {"evict_last": 0, "evict_first": 0, "loads": with_hints["loads"]}
 
 
 @pytest.mark.parametrize("dtype,casting,offset,warps", [(jnp.bfloat16, "llama", 0.0, 16),
@@ -149,22 +181,28 @@ def test_triton_reference_takes_the_same_table():
     triton_config, _ = _triton()
     for low, warps in ((True, 16), (False, 8)):
         assert triton_config.forward_config(5120, 132, 2, low) == triton_config.Config(1, 4096, warps, l1_hints=True)
-    assert triton_config.forward_config(5120, 132, 4) == triton_config.Config(1, 8192, 8)
+    assert triton_config.forward_config(5120, 132, 4) == triton_config.Config(1, 8192, 8, l1_hints=True)
     for n in (5000, 4096, 2304, 8192):
-        assert not triton_config.forward_config(n, 132, 2).l1_hints
+        assert not triton_config.forward_config(n, 132, 2).chunked(n)
 
 
-def test_triton_l1_hints_are_an_option_of_the_forward_in_chunks_of_one_row():
-    """Refused with more than one row per program, bands or pieces (by ``Config``), for a row held whole (by the
-    launcher) and for the backward."""
+def test_triton_l1_hints_are_an_option_of_the_forward_without_bands():
+    """Refused with bands or pieces (by ``Config``), in column chunks of more than one row per program or a chunk as
+    long as the row (by the two-pass launcher), and for the backward."""
+    from torch_bridge import triton_two_pass
+
     triton_config, triton_kernels = _triton()
-    for bad in (dict(block_m=2), dict(lag=2), dict(pieces=True)):
+    for bad in (dict(lag=2), dict(pieces=True)):
         with pytest.raises(ValueError, match="l1_hints"):
             triton_config.Config(**{"block_m": 1, "block_n": 1024, "num_warps": 4, "l1_hints": True, **bad})
     x, w, dy = torch_inputs((3, 1000), torch.bfloat16, seed=1)
     with pytest.raises(ValueError, match="l1_hints"):
-        triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", triton_config.Config(1, 1024, 4, l1_hints=True))
-    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+        triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", triton_config.Config(2, 256, 4, l1_hints=True))
+    with pytest.raises(ValueError, match="l1_hints"):
+        triton_two_pass.check(triton_config.Config(1, 1024, 4, l1_hints=True), 1000)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", triton_config.Config(2, 1024, 4, l1_hints=True))
+    plain = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", triton_config.Config(2, 1024, 4))[0]
+    np.testing.assert_array_equal(bits(y), bits(plain))
     with pytest.raises(ValueError, match="l1_hints"):
         triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True,
                                     triton_config.Config(1, 512, 4, l1_hints=True))
@@ -248,3 +286,40 @@ def test_gpu_triton_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(casting, o
     y_broken, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=triton_config.Config(1, 8192, 8), residual=r,
                                                  h_dtype=x.dtype, **mode)
     assert not np.array_equal(bits(y_broken), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("n,fused,casting,offset", [(16384, False, "llama", 0.0), (2304, True, "gemma", 1.0),
+                                                    (1024, True, "llama", 0.0)])
+def test_gpu_resident_hints_keep_the_bits_in_both_stacks(n, fused, casting, offset, monkeypatch):
+    """The heuristic's resident tile takes the hints (``l1_hints.resident``) in both stacks; y (and the fused add's h)
+    are the same bits without them, in JAX and in the Triton reference, whose PTX then loads ``L1::evict_last``.
+    Broken variant: the tile without the hints, whose PTX carries none."""
+    from torch_bridge import triton_launch
+
+    triton_config, triton_kernels = _triton()
+    mode = dict(offset=offset, casting=casting)
+    x, w, _ = jax_inputs((1001, n), jnp.bfloat16, offset, seed=21)
+    r = jax_inputs((1001, n), jnp.bfloat16, seed=22)[0]
+    config = pallas_config.heuristic(1001, n, backward=False, fused=fused, product_in_dtype=casting != "gemma")
+    assert config.l1_hints
+
+    def pallas(c):
+        return pn.rms_norm_add(x, r, w, config=c, **mode) if fused else (pn.rms_norm(x, w, config=c, **mode),)
+
+    for a, b in zip(pallas(config), pallas(dataclasses.replace(config, l1_hints=False))):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    xt, wt, _ = torch_inputs((1001, n), torch.bfloat16, offset, seed=21)
+    rt = torch_inputs((1001, n), torch.bfloat16, seed=22)[0]
+    tconfig = triton_config.forward_config(n, triton_launch.sm_count(xt), 2, casting != "gemma", fused)
+    assert tconfig.l1_hints
+
+    def triton(c):
+        extra = dict(residual=rt, h_dtype=xt.dtype) if fused else {}
+        return triton_kernels.rms_norm_fwd(xt, wt, 1e-6, config=c, **mode, **extra)
+
+    for a, b in zip(triton(tconfig), triton(dataclasses.replace(tconfig, l1_hints=False))):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    assert "L1::evict_last" in _ptx(monkeypatch, lambda: triton(tconfig))
+    assert "L1::evict_last" not in _ptx(monkeypatch, lambda: triton(dataclasses.replace(tconfig, l1_hints=False)))

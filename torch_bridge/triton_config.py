@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from pallas_norm import band_tables, ffi_tables, pallas_config
+from pallas_norm import band_tables, ffi_tables, l1_hints, pallas_config
 
 FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass; the backward)
 # The forward holds rows up to this length in registers (16 warps: 64 elements per thread at 32768). H100, bf16,
@@ -102,8 +102,9 @@ class Config:
     ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch``
     (the resident backward): the next row block is loaded before the current one's math. ``pieces`` (the resident
     backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded.
-    ``l1_hints`` (the forward of one row per program in column chunks, ``triton_two_pass``): two passes, the first
-    loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a compile-time constant."""
+    ``l1_hints`` (the forward without bands): in column chunks of one row per program (``triton_two_pass``) two
+    passes, the first loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a
+    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``."""
 
     block_m: int
     block_n: int
@@ -134,9 +135,8 @@ class Config:
         for flag in ("prefetch", "pieces", "l1_hints"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
-        if self.l1_hints and (self.block_m != 1 or self.lag or self.pieces):
-            raise ValueError(f"l1_hints is an option of the forward of one row per program in column chunks "
-                             f"(block_m=1, lag=0, no pieces), got {self}")
+        if self.l1_hints and (self.lag or self.pieces):
+            raise ValueError(f"l1_hints is an option of the forward without bands (lag=0, no pieces), got {self}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -157,13 +157,14 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) 
 
 
 @functools.cache
-def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True) -> Config:
+def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, fused: bool = False) -> Config:
     """The Pallas kernels' two-pass tile (``ffi_tables.FWD_FFI_TWO_PASS``, ``l1_hints``) for 16-bit rows
     (``itemsize``) of its lengths, its first (chunk, warps) where y's product is in the row dtype (``low``:
-    ``triton_kernels._output_in_dtype``), else its second; ``FWD_RESIDENT``'s tile for full rows of its lengths, else one warp per 1024 tile elements in the one-pass
-    forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over column chunks (more
-    loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of
-    ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    ``triton_kernels._output_in_dtype``), else its second; ``FWD_RESIDENT``'s tile for full rows of its lengths,
+    else one warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
+    most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of
+    ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas kernels' L1 hints
+    (``l1_hints.resident``; the fused add's forward with ``fused``)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if n in ffi_tables.FWD_FFI_TWO_PASS and itemsize == 2:
@@ -171,11 +172,12 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True) 
         return Config(1, block_n, warps, l1_hints=True)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
+        hints = l1_hints.resident(block_n, fused)
         if block_n in FWD_RESIDENT and pallas_config.full_row(n):
             block_m, warps = FWD_RESIDENT[block_n]
-            return Config(block_m, block_n, warps)
+            return Config(block_m, block_n, warps, l1_hints=hints)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
-        return Config(block_m, block_n, _warps(block_m * block_n, 1024))
+        return Config(block_m, block_n, _warps(block_m * block_n, 1024), l1_hints=hints)
     return chunked_forward_config()
 
 

@@ -33,24 +33,25 @@ from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _
 def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                CT: tl.constexpr, EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr):
     """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
     (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
     again) making two passes over column chunks. HAS_RESIDUAL (the fused add): the row is h = r(x + residual)
     (DT is h's dtype), stored to H; long rows add again in the second pass. LOW: y's product in DT
-    (``_store_y``), the resident row's weight loaded first."""
+    (``_store_y``), the resident row's weight loaded first. EVICT: the resident row's loads' L1 eviction hint."""
     cols0 = tl.arange(0, BLOCK_N)
     if not CHUNKED:
         w_low = 0.0
         if LOW:
-            w_low = _weight_low(W, cols0, N, offset, CASTING, DT, CT, EMULATE_BF16)
+            w_low = _weight_low(W, cols0, N, offset, CASTING, DT, CT, EMULATE_BF16, EVICT)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         base = rows[:, None] * N
         mask = row_mask[:, None] & (cols0[None, :] < N)
-        x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, "")
+        x = _row(X, R, H, base + cols0[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, EVICT)
         rstd = _rstd(tl.sum(x * x, axis=1), n_f, eps, CT)
-        _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
+        _store_y(Y, W, base, cols0, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16,
+                 EVICT)
         tl.store(RSTD + rows, rstd, mask=row_mask)
     else:
         for it in range(0, ITERS):
@@ -71,9 +72,9 @@ def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, "")
                 w_low = 0.0
                 if LOW:
-                    w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16)
+                    w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
                 _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT,
-                         EMULATE_BF16)
+                         EMULATE_BF16, "")
             tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
@@ -189,7 +190,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     low = _output_in_dtype(weight, row_dtype, offset, casting)
-    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low)
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, fused)
     if cfg.pieces:
         raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     if rstd is None:
@@ -202,7 +203,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     y = torch.empty_like(x, dtype=row_dtype)
     key = ("fwd", M, N, x.dtype, custom_ops.dtype_of(weight), eps, offset, casting, config, x.get_device(),
            custom_ops.dtype_of(residual), h_dtype, low)
-    if cfg.l1_hints:
+    if cfg.l1_hints and cfg.chunked(N):
         triton_two_pass.forward(x, residual, weight, y, h, rstd, eps, offset, casting, cfg, key,
                                 dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, LOW=low, **_common(y)))
         return (y, h, rstd) if fused else (y, rstd)
@@ -213,7 +214,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
                           M, N, float(N), eps, offset, g, cdiv(row_blocks, g)),
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
                                       HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused,
-                                      LOW=low,
+                                      LOW=low, EVICT="evict_last" if cfg.l1_hints else "",
                                       CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(y)),
                          interpret=INTERPRET)
     return (y, h, rstd) if fused else (y, rstd)

@@ -131,9 +131,10 @@ def _dx(x, g, rstd, c):
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _weight_low(W, cols, N, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                EMULATE_BF16: tl.constexpr):
-    """w_eff[cols] as a value of DT (``rowmath.output_in_dtype``): llama's w as stored, none's r(r(w) + offset)."""
-    w = tl.load(W + cols, mask=cols < N, other=0.0)
+                EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr):
+    """w_eff[cols] as a value of DT (``rowmath.output_in_dtype``): llama's w as stored, none's r(r(w) + offset);
+    loaded with the L1 eviction hint EVICT ("" for none)."""
+    w = tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy=EVICT)
     if CASTING == 0:
         return w
     else:
@@ -142,15 +143,17 @@ def _weight_low(W, cols, N, offset, CASTING: tl.constexpr, DT: tl.constexpr, CT:
 
 @triton.jit
 def _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr,
-             CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+             CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr,
+             EVICT: tl.constexpr):
     """y[rows, cols] = r(n(x, rstd) · w_eff[cols]) (n alone without a weight); LOW: n and ``w_low`` (w_eff as a
-    value of DT) multiplied in DT, the same bits (``rowmath.output_in_dtype``)."""
+    value of DT) multiplied in DT, the same bits (``rowmath.output_in_dtype``); the weight loaded here with the L1
+    eviction hint EVICT."""
     n = _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
     if LOW:
         y = _to_dt(n, DT, EMULATE_BF16) * w_low[None, :]
     else:
         if HAS_WEIGHT:
-            w = tl.load(W + cols, mask=cols < N, other=0.0)
+            w = tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy=EVICT)
             n = n * _w_eff(w, offset, CASTING, DT, CT, EMULATE_BF16)[None, :]
         y = _to_dt(n, DT, EMULATE_BF16)
     tl.store(Y + base + cols[None, :], y, mask=mask)

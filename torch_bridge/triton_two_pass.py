@@ -8,7 +8,8 @@ program, the row length a compile-time constant:
 
 ``N`` is a ``tl.constexpr``: the chunk loop is unrolled and full chunks carry no column mask. The same walk with
 ``N`` known only at run time (``triton_kernels._fwd_kernel``'s long-row loop) lost 3-10% to the resident tile
-(probes_h100_2026-11-27_twentyninth.md §9). The row math is ``triton_rowmath``'s (``_row``, ``_store_y``), as in ``triton_kernels``' walks.
+(probes_h100_2026-11-27_twentyninth.md §9). The row math is ``triton_rowmath``'s (``_row``, ``_store_y``), as in
+``triton_kernels``' walks.
 """
 
 from __future__ import annotations
@@ -53,16 +54,18 @@ def _fwd_two_pass_kernel(X, R, W, Y, H, RSTD, n_f, eps, offset, N: tl.constexpr,
         x = _row(X, R, H, base + cols[None, :], mask, HAS_RESIDUAL, True, DT, CT, EMULATE_BF16, "evict_first")
         w_low = 0.0
         if LOW:
-            w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16)
-        _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
+            w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+        _store_y(Y, W, base, cols, mask, N, x, rstd, offset, w_low, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16,
+                 "")
     tl.store(RSTD + rows, rstd)
 
 
 def check(cfg: Config, n: int) -> None:
-    """A ValueError unless ``cfg``'s chunks are shorter than the padded row of ``n`` (``Config`` itself refuses
-    ``l1_hints`` with more than one row per program, bands or pieces)."""
-    if not cfg.chunked(n):
-        raise ValueError(f"l1_hints is an option of the forward in column chunks (block_n < {n}), got {cfg}")
+    """A ValueError unless ``cfg`` walks rows of ``n`` one per program in chunks shorter than the padded row
+    (``Config`` itself refuses ``l1_hints`` with bands or pieces)."""
+    if cfg.block_m != 1 or not cfg.chunked(n):
+        raise ValueError(f"l1_hints in column chunks is an option of one row per program (block_m=1, block_n < {n}), "
+                         f"got {cfg}")
 
 
 def forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, y: torch.Tensor,
