@@ -259,7 +259,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     if not backward and ffi_two_pass(n, itemsize):  # one row per program
         cols, warps = FWD_FFI_TWO_PASS[n][0 if product_in_dtype else 1]
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
-    hints = not backward and l1_hints.resident(n_pad, fused)  # the resident forward's
+    hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)

@@ -97,7 +97,7 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
     for (m, n, fused), config in xla.items():
         jaxlib = pallas_config.heuristic(m, n, backward=False, fused=fused)
         assert jaxlib == dataclasses.replace(config, ffi_launch=m <= limit and n != 700), (m, n, fused)
-    assert pallas_config.heuristic(limit, 1024, backward=False) == Config(2, 1024, 4, ffi_launch=True)
+    assert pallas_config.heuristic(limit, 1024, backward=False) == Config(2, 1024, 4, ffi_launch=True, l1_hints=True)
     assert pallas_config.heuristic(limit, 1024, backward=False, fused=True) == Config(4, 1024, 4, ffi_launch=True,
                                                                                      l1_hints=True)
     monkeypatch.setattr(backend, "num_sms", lambda: 66)  # the rows follow the GPU's size
