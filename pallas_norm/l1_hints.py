@@ -5,8 +5,8 @@ reference's ``triton_config.forward_config`` both read it. (The two-pass forward
 A resident row is read once, yet these hints are worth up to 1.8% in the forward (plain and fused add) of rows from
 1024 columns. H100, kernels timed over rotated inputs, both stacks (thirtieth session,
 probes_h100_2026-11-27_thirtieth.md §3-6), TB/s without → with, bf16 llama plain: 32768×16384 3.03 → 3.05
-(torch.compile 3.05), 8192×32768 3.00 → 3.04 (Liger 3.00), 32768×8192 3.03 → 3.04, 32768×3584 2.98 → 3.03 (Liger
-3.00), 32768×2304 2.99 → 3.01, 32768×1024 2.91 → 2.92, 4096×1024 level; fused add 32768×16384 3.01 → 3.03,
+(torch.compile 3.05), 8192×32768 3.00 → 3.04 (Liger 3.00), 32768×8192 3.03 → 3.04, 32768×3584 2.98 → 3.03,
+32768×2304 2.99 → 3.01, 32768×1024 2.91 → 2.92, 4096×1024 level; fused add 32768×16384 3.01 → 3.03,
 32768×3584 3.01 → 3.04, 4096×2304 2.78 → 2.82, 32768×1024 2.94 → 2.97 (every width from 1024 columns level to +1.3%).
 bf16 gemma, fp16 and float32 alike. The values are the same bits with or without them. Shorter rows (the per-head
 norms') were not measured and keep none.

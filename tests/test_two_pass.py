@@ -36,7 +36,7 @@ def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeyp
     assert pallas_config.heuristic(3, 5120, backward=False).programs == 3
     assert pallas_config.heuristic(4096, 5120, backward=False, itemsize=4) == resident
     for n in (5000, 4096, 2304, 3584):
-        assert pallas_config.heuristic(4096, n, backward=False).resident(n)  # (5000: with the resident hints)
+        assert pallas_config.heuristic(4096, n, backward=False).resident(n)  # resident (with the resident hints)
     assert not pallas_config.heuristic(4096, 5120, backward=True).l1_hints
 
 
