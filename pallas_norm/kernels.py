@@ -68,8 +68,8 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
     chunk: sum of squares forwards, then normalise backwards (the chunks read last in the first pass are the
     likeliest still in L2; with ``config.l1_hints`` the first pass keeps them in L1 for the second; a resident row's
-    loads then all carry ``evict_last``). With
-    ``config.prefetch`` the next chunk is loaded before the current one is used.
+    loads then all carry ``evict_last``). With ``config.prefetch`` the next chunk is loaded before the current one is
+    used.
     ``has_residual`` (the fused add): the row normalised is ``h = r_h(x + residual)``, also stored (refs
     ``x, residual, [weight], y, h, rstd``); long rows add again in the second pass instead of re-reading ``h``."""
     refs = list(refs)
@@ -83,14 +83,16 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
     br, bc, chunks = config.block_rows, config.block_cols, config.chunks(n)
     # y's product in the input dtype where exact (probes_h100_2026-11-26_twentyfirst.md §4: 4096×5120 2.73 → 2.80 TB/s)
     low = product_in_dtype(None if w_ref is None else w_ref.dtype, dt, casting, offset)
-    # resident rows with ``config.l1_hints``: every load (x, residual, weight) at L1's ``evict_last`` priority
-    once = "evict_last" if config.l1_hints and chunks == 1 else None
+    # ``config.l1_hints``: the L1 hints of the first and second reads (a resident row's only read: the first; its
+    # weight's too)
+    keep, stream = ("evict_last", "evict_first") if config.l1_hints else (None, None)
+    w_hint = keep if chunks == 1 else None
 
     def weight(cols, cmask):
         """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""
         if low and casting == "llama":
-            return backend.load(w_ref.at[cols], cmask, eviction=once)[None, :]
-        w_eff = _weight(w_ref, cols, cmask, offset, casting, dt, once)
+            return backend.load(w_ref.at[cols], cmask, eviction=w_hint)[None, :]
+        w_eff = _weight(w_ref, cols, cmask, offset, casting, dt, w_hint)
         return w_eff.astype(dt) if low else w_eff
 
     def store_h(rows, rmask, k, h32):
@@ -126,7 +128,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         rows, rmask = _span(pl.program_id(0) * br, br, m)
         first = WEIGHT_FIRST_MAX_COLS if low else WEIGHT_FIRST_F32_MAX_COLS if h_ref is None else 0
         w = weight(*_span(0, bc, n)) if w_ref is not None and bc <= first else None
-        h32 = row(fetch(rows, rmask, 0, once))
+        h32 = row(fetch(rows, rmask, 0, keep))
         if h_first:
             store_h(rows, rmask, 0, h32)
         rstd = _rstd(jnp.sum(h32 * h32, axis=1), n, eps)
@@ -135,7 +137,6 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
         return
 
     pid = pl.program_id(0)
-    keep, stream = ("evict_last", "evict_first") if config.l1_hints else (None, None)  # L1 hints of the two reads
 
     @pl.loop(0, cdiv(cdiv(m, br), config.programs))
     def _(t):

@@ -135,10 +135,12 @@ def ffi_forward(n: int) -> bool:
     return _ffi(n, FWD_FFI_RESIDENT)
 
 
-def ffi_two_pass(n: int, itemsize: int) -> bool:
-    """Whether the forward (plain or fused add) of rows of ``n`` ``itemsize``-byte elements takes ``FWD_FFI_TWO_PASS``
-    (those widths, 16-bit rows, where ``triton_ffi.available()``)."""
-    return n in FWD_FFI_TWO_PASS and itemsize == 2 and _available()
+def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool) -> tuple[int, int] | None:
+    """``FWD_FFI_TWO_PASS``' (chunk columns, warps) for the forward (plain or fused add) of rows of ``n``
+    ``itemsize``-byte elements (16-bit rows of its widths; ``product_in_dtype``: ``kernels.product_in_dtype``), or None;
+    both stacks' heuristics read it (the Pallas kernels' where ``triton_ffi.available()``)."""
+    tiles = FWD_FFI_TWO_PASS.get(n) if itemsize == 2 else None
+    return None if tiles is None else tiles[0 if product_in_dtype else 1]
 
 
 def ffi_few_rows(m: int, n: int) -> bool:
@@ -256,8 +258,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile; the resident
     forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
-    if not backward and ffi_two_pass(n, itemsize):  # one row per program
-        cols, warps = FWD_FFI_TWO_PASS[n][0 if product_in_dtype else 1]
+    if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype)):  # a row per program
+        cols, warps = tile
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):

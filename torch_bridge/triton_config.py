@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from pallas_norm import band_tables, ffi_tables, l1_hints, pallas_config
+from pallas_norm import band_tables, l1_hints, pallas_config
 
 FUSED_MAX_N = 16384  # rows up to this length are held in registers (one pass; the backward)
 # The forward holds rows up to this length in registers (16 warps: 64 elements per thread at 32768). H100, bf16,
@@ -158,7 +158,7 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) 
 
 @functools.cache
 def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True) -> Config:
-    """The Pallas kernels' two-pass tile (``ffi_tables.FWD_FFI_TWO_PASS``, ``l1_hints``) for 16-bit rows
+    """The Pallas kernels' two-pass tile (``pallas_config.two_pass_tile``, ``l1_hints``) for 16-bit rows
     (``itemsize``) of its lengths, its first (chunk, warps) where y's product is in the row dtype (``low``:
     ``triton_kernels._output_in_dtype``), else its second; ``FWD_RESIDENT``'s tile for full rows of its lengths,
     else one warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at
@@ -167,9 +167,8 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True) 
     Resident rows take the Pallas kernels' L1 hints (``l1_hints.resident``; the fused add's forward shares the tile)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
-    if n in ffi_tables.FWD_FFI_TWO_PASS and itemsize == 2:
-        block_n, warps = ffi_tables.FWD_FFI_TWO_PASS[n][0 if low else 1]
-        return Config(1, block_n, warps, l1_hints=True)
+    if tile := pallas_config.two_pass_tile(n, itemsize, low):
+        return Config(1, *tile, l1_hints=True)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         hints = l1_hints.resident(block_n)

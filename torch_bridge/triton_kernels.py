@@ -205,7 +205,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
            custom_ops.dtype_of(residual), h_dtype, low)
     if cfg.l1_hints and cfg.chunked(N):
         triton_two_pass.forward(x, residual, weight, y, h, rstd, eps, offset, casting, cfg, key,
-                                dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, LOW=low, **_common(y)))
+                                lambda: dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused, LOW=low, **_common(y)))
         return (y, h, rstd) if fused else (y, rstd)
     row_blocks = cdiv(M, cfg.block_m)
     g = min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x)) if cfg.chunked(N) else row_blocks

@@ -14,6 +14,8 @@ program, the row length a compile-time constant:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -70,9 +72,10 @@ def check(cfg: Config, n: int) -> None:
 
 def forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, y: torch.Tensor,
             h: torch.Tensor | None, rstd: torch.Tensor, eps: float, offset: float, casting: str, cfg: Config,
-            key: tuple, meta: dict) -> None:
-    """Launch the two-pass kernel over the M rows of ``x`` into ``y`` (and ``h``) and ``rstd``; ``meta`` holds
-    the launcher's common constexprs (LOW, HAS_WEIGHT, HAS_RESIDUAL, DT, CT, EMULATE_BF16)."""
+            key: tuple, meta: Callable[[], dict]) -> None:
+    """Launch the two-pass kernel over the M rows of ``x`` into ``y`` (and ``h``) and ``rstd``; ``meta()`` gives the
+    launcher's common constexprs (LOW, HAS_WEIGHT, HAS_RESIDUAL, DT, CT, EMULATE_BF16), asked on the first launch of
+    ``key`` only (``triton_launch.launch``)."""
     M, N = custom_ops.rows(x)
     check(cfg, N)
     fused = residual is not None
@@ -80,5 +83,5 @@ def forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
                           float(N), eps, offset),
                          lambda: dict(N=N, BLOCK_N=cfg.block_n, ROW_I64=M * N >= 2**31,
-                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **meta),
+                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **meta()),
                          interpret=INTERPRET)
