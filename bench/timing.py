@@ -1,8 +1,8 @@
 """The benchmarks' one harness: timers, the copy ceiling, byte counts, inputs, the run's environment, file names.
 
 Timing (the device library's METHOD.md): the suite times every provider, torch's and JAX's alike, by its kernels'
-own durations (``time_kernels``: CUPTI via ``torch.profiler``, mean of 20 calls after warm-up, inputs rotated past
-L2; JAX offers no events on its stream, and CUDA events around one torch call also time its host launch, which at
+own durations (``time_kernels``: CUPTI via ``torch.profiler``, mean of 20 calls after warm-up and a 1 GB copy that
+clears L2's hinted lines (``settle``), inputs rotated past L2; JAX offers no events on its stream, and CUDA events around one torch call also time its host launch, which at
 small sizes is most of it), and so do the sweeps (``time_sets``); the copy ceiling by ``triton.testing.do_bench``
 (``time_torch``: CUDA events, warm-up, median, L2 flushed between calls); host-bound small calls by back-to-back
 loops with one synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must
@@ -25,6 +25,7 @@ EPS = 1e-6
 MODES = ("fwd", "bwd", "fwd+bwd")
 BYTES_PER_ELEM = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
 NEEDS = "torch, triton and matplotlib (pip install 'pallas-norm[bench]')"
+SETTLE_BYTES = 1 << 30  # ``settle``'s copy
 
 
 def gpu_or_exit_code(prog: str) -> int | None:
@@ -72,14 +73,30 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"shapes must be comma-separated MxN, got {text!r}") from None
 
 
+def settle(nbytes: int = SETTLE_BYTES) -> None:
+    """Copy ``nbytes`` (normal loads and stores) and wait: afterwards no line of L2 is still held at the
+    ``evict_last`` priority that Triton gives a load hinted ``evict_last`` (ours, Inductor's), so a timing does not
+    depend on what ran before it. Right after such a kernel, a kernel reading the same inputs ran 1-3.5% fast and one
+    reading other data slow; a 256 MB read did not clear that, a 1 GB copy did
+    (``bench/results/probes_h100_2026-11-27_thirtieth.md`` §5-6)."""
+    import torch
+
+    if torch.cuda.is_available():
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        torch.empty_like(src).copy_(src)
+        torch.cuda.synchronize()
+
+
 def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
-    ``iters`` calls, after a warm-up call; ``sync(output)`` waits for them (``sync_any`` for torch and JAX alike).
+    ``iters`` calls, after a warm-up call and ``settle``; ``sync(output)`` waits for them (``sync_any`` for torch and
+    JAX alike).
 
     Not the wall clock of a loop of jitted calls: that read 5-17% below the same kernels' own durations on the
     H100 (host gaps between executables; 2026-11-24, ``docs/benchmarks.md``), while inside a model the norm is one
     op of a large jit (or of a torch graph whose host runs ahead of the GPU)."""
     sync(fn())
+    settle()
     us = sum(kernel_us(fn, iters, sync).values())
     if us <= 0:
         raise RuntimeError("time_kernels: the profiler recorded no GPU kernel (is CUPTI available?)")

@@ -32,7 +32,12 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
 # Thirtieth session (H100, launched by torch; probes_h100_2026-11-27_thirtieth.md §1), plain / fused add against its
 # resident tile: bf16 llama 32768×5120 3.02 / 3.01 → 3.04 / 3.02 (torch.compile 3.03), 4096×5120 2.79 / 2.90 → 2.81 /
 # 2.93; bf16 gemma (8 warps) 32768×5120 3.01 / 3.00 → 3.01 / 2.96, 4096×5120 2.76 / 2.88 → 2.82 / 2.88.
-FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8))}
+# Thirty-first session (H100, from JAX, a 1 GB copy before every timing; probes_h100_2026-11-27_thirtyfirst.md §2):
+# where y's product is float32 the tile follows the rows: from TWO_PASS_MANY_ROWS_PER_SM rows per SM 2048-column
+# chunks on 16 warps, plain / fused add, bf16 gemma 32768×5120 3.00 / 2.97 → 3.03 / 3.02, 16384×5120 2.98 / 2.99 →
+# 3.00 / 3.02; at 8192 rows (62 per SM) plain −0.4%, fused +0.6%; at 4096 plain −2%.
+FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8), (2048, 16))}
+TWO_PASS_MANY_ROWS_PER_SM = 96
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
 # of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
 # BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...

@@ -22,8 +22,9 @@ from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, judg
 
 def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeypatch):
     """16-bit rows of 5120 columns, plain and fused add alike (one tile: the fused add's y is rms_norm(h)'s bits), one
-    row per program; 16 warps where y's product is in the row dtype, 8 where it is float32; not for 4-byte rows,
-    other widths, the backward, nor without ``available()`` (the resident tile, XLA's launch)."""
+    row per program; 16 warps where y's product is in the row dtype, 8 where it is float32 (2048-column chunks on 16
+    from 96 rows per SM); not for 4-byte rows, other widths, the backward, nor without ``available()`` (the resident
+    tile, XLA's launch)."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     resident = pallas_config.heuristic(4096, 5120, backward=False)
@@ -33,6 +34,10 @@ def test_heuristic_takes_the_two_pass_forward_at_the_table_s_widths_only(monkeyp
         for low, warps in ((True, 16), (False, 8)):
             config = pallas_config.heuristic(4096, 5120, backward=False, fused=fused, product_in_dtype=low)
             assert config == Config(1, 4096, warps, programs=4096, ffi_launch=True, l1_hints=True)
+        many = 96 * 132
+        for m, low, tile in ((many, False, (2048, 16)), (many - 1, False, (4096, 8)), (65536, True, (4096, 16))):
+            config = pallas_config.heuristic(m, 5120, backward=False, fused=fused, product_in_dtype=low)
+            assert config == Config(1, *tile, programs=m, ffi_launch=True, l1_hints=True)
     assert pallas_config.heuristic(3, 5120, backward=False).programs == 3
     assert pallas_config.heuristic(4096, 5120, backward=False, itemsize=4) == resident
     for n in (5000, 4096, 2304, 3584):
@@ -138,12 +143,13 @@ def test_gpu_two_pass_forward_runs_through_jaxlib_meets_the_rule_and_hints_keep_
 
 @gpu
 @hopper
-@pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0)])
-def test_gpu_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(casting, offset):
-    """8192 rows of 5120 columns (a differing reduction order shows in a few rows only). Broken variant: the fused add
-    on the resident tile the forward took before, whose y differs from ``rms_norm(h)``'s."""
-    x, w, _ = jax_inputs((8192, 5120), jnp.bfloat16, offset, seed=11)
-    r = jax_inputs((8192, 5120), jnp.bfloat16, offset, seed=12)[0]
+@pytest.mark.parametrize("rows,casting,offset", [(8192, "llama", 0.0), (8192, "gemma", 1.0), (16384, "gemma", 1.0)])
+def test_gpu_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(rows, casting, offset):
+    """8192 rows of 5120 columns (a differing reduction order shows in a few rows only), and gemma's tile for many
+    rows. Broken variant: the fused add on the resident tile the forward took before, whose y differs from
+    ``rms_norm(h)``'s."""
+    x, w, _ = jax_inputs((rows, 5120), jnp.bfloat16, offset, seed=11)
+    r = jax_inputs((rows, 5120), jnp.bfloat16, offset, seed=12)[0]
     mode = dict(offset=offset, casting=casting)
     y, h = pn.rms_norm_add(x, r, w, **mode)
     np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(h, w, **mode)))
@@ -177,10 +183,15 @@ def _triton():
 
 def test_triton_reference_takes_the_same_table():
     """``triton_config.forward_config`` reads ``FWD_FFI_TWO_PASS``: 16-bit rows of 5120 columns, 16 warps where y's
-    product is in the row dtype, 8 where it is float32; the resident tile for 4-byte rows and other widths."""
+    product is in the row dtype, 8 where it is float32 (2048-column chunks on 16 from 96 rows per SM, as the Pallas
+    kernels' for the same rows); the resident tile for 4-byte rows and other widths."""
     triton_config, _ = _triton()
     for low, warps in ((True, 16), (False, 8)):
         assert triton_config.forward_config(5120, 132, 2, low) == triton_config.Config(1, 4096, warps, l1_hints=True)
+    for m, sms, low in ((96 * 132, 132, False), (96 * 100, 100, False), (96 * 132 - 1, 132, False), (65536, 132, True)):
+        tile = pallas_config.two_pass_tile(5120, 2, low, m, sms)
+        assert tile == ((2048, 16) if not low and m >= 96 * sms else (4096, 16 if low else 8))
+        assert triton_config.forward_config(5120, sms, 2, low, m) == triton_config.Config(1, *tile, l1_hints=True)
     assert triton_config.forward_config(5120, 132, 4) == triton_config.Config(1, 8192, 8, l1_hints=True)
     for n in (5000, 4096, 2304, 8192):
         assert not triton_config.forward_config(n, 132, 2).chunked(n)
@@ -273,13 +284,13 @@ def test_gpu_triton_two_pass_meets_the_rule_and_its_loads_carry_the_hints(shape,
 
 @gpu
 @hopper
-@pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("gemma", 1.0)])
-def test_gpu_triton_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(casting, offset):
-    """8192 rows of 5120 columns through ``backend="triton"``'s heuristic. Broken variant: the fused add on the
-    resident tile the reference took before, whose y differs from ``rms_norm(h)``'s."""
+@pytest.mark.parametrize("rows,casting,offset", [(8192, "llama", 0.0), (8192, "gemma", 1.0), (16384, "gemma", 1.0)])
+def test_gpu_triton_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(rows, casting, offset):
+    """8192 rows of 5120 columns through ``backend="triton"``'s heuristic, and gemma's tile for many rows. Broken
+    variant: the fused add on the resident tile the reference took before, whose y differs from ``rms_norm(h)``'s."""
     triton_config, triton_kernels = _triton()
-    x, w, _ = torch_inputs((8192, 5120), torch.bfloat16, offset, seed=11)
-    r = torch_inputs((8192, 5120), torch.bfloat16, seed=12)[0]
+    x, w, _ = torch_inputs((rows, 5120), torch.bfloat16, offset, seed=11)
+    r = torch_inputs((rows, 5120), torch.bfloat16, seed=12)[0]
     mode = dict(offset=offset, casting=casting)
     y, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, residual=r, h_dtype=x.dtype, **mode)
     np.testing.assert_array_equal(bits(y), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))

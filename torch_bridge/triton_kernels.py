@@ -190,7 +190,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     low = _output_in_dtype(weight, row_dtype, offset, casting)
-    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low)
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M)
     if cfg.pieces:
         raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     if rstd is None:
