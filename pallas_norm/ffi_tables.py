@@ -16,8 +16,11 @@ from __future__ import annotations
 # XLA); 4096×16384 2.89 (XLA 2.82); rows of 32768 held whole 2.99 at 8192×32768 (XLA's launch 2.45, the bands 2.68,
 # Mosaic GPU 2.74); 32768×8192 3.02 (XLA, 8 warps, 2.97), 4096×8192 2.84 (2.81); shorter rows lose 1-10% this way
 # (probes_h100_2026-11-26_twentieth.md). The fused add's forward (4·M·N·2 bytes; the nineteenth and twentieth
-# probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95.
-FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 16), 32768: (1, 16)}
+# probes): 4096×16384 2.93 → 2.97, 8192×32768 2.74 → 3.01, 4096×8192 2.94 → 2.95. Thirty-first session, with the
+# L1 hints (l1_hints.py; probes_h100_2026-11-27_thirtyfirst.md §4): 16384 on 32 warps (torch.compile's choice there),
+# plain / fused add, bf16 llama and gemma alike, 32768×16384 3.049 / 3.033 → 3.051 / 3.054, 4096×16384 2.960 / 2.996 →
+# 2.967 / 3.005 (8192 on 32 warps lost 5% in the thirtieth session's §2).
+FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 32), 32768: (1, 16)}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
 # widths in two passes over column chunks, one row per program, launched by jaxlib's Triton call, with L1 hints
 # (``Config.l1_hints``: the first pass keeps the row in L1, the second reads it there; the design of torch.compile's
