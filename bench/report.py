@@ -147,7 +147,8 @@ def targets(result: dict) -> list[str]:
         for m, n in shapes:
             ours, peer = idx.get((main, mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
             if "tbps" in ours and peer and ours["tbps"] < peer[1]:
-                behind.append(f"{m}×{n} ({label(peer[0])} {peer[1]:.2f} vs {ours['tbps']:.2f})")
+                gap = 100 * (ours["tbps"] / peer[1] - 1)  # two decimals hide ties: the gap says how far behind
+                behind.append(f"{m}×{n} ({label(peer[0])} {peer[1]:.2f} vs {ours['tbps']:.2f}, {gap:+.1f}%)")
         lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(behind)}/{len(shapes)}"
                      f"{': ' + '; '.join(behind[:4]) + ('…' if len(behind) > 4 else '') if behind else ''} | "
                      f"{'✗' if behind else '✓'} |")
