@@ -2,11 +2,12 @@
 
 Timing (the device library's METHOD.md): the suite times every provider, torch's and JAX's alike, by its kernels'
 own durations (``time_kernels``: CUPTI via ``torch.profiler``, mean of 20 calls after warm-up and a 1 GB copy that
-clears L2's hinted lines (``settle``), inputs rotated past L2; JAX offers no events on its stream, and CUDA events around one torch call also time its host launch, which at
-small sizes is most of it), and so do the sweeps (``time_sets``); the copy ceiling by ``triton.testing.do_bench``
-(``time_torch``: CUDA events, warm-up, median, L2 flushed between calls); host-bound small calls by back-to-back
-loops with one synchronisation at the end (``per_call``), as a training loop sees them. Bytes an RMSNorm must
-move: forward 2·M·N·s (read x, write y), backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
+clears L2's hinted lines (``settle``), inputs rotated past L2; JAX offers no events on its stream, and CUDA events
+around one torch call also time its host launch, which at small sizes is most of it), and so do the sweeps
+(``time_sets``); the copy ceiling by ``triton.testing.do_bench`` (``time_torch``: CUDA events, warm-up, median, L2
+flushed between calls); host-bound small calls by back-to-back loops with one synchronisation at the end
+(``per_call``), as a training loop sees them. Bytes an RMSNorm must move: forward 2·M·N·s (read x, write y),
+backward 3·M·N·s (read x and dy, write dx), fwd+bwd 5·M·N·s.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ after the hinted forward, 2.99 again with the copy between; §6), which made the
 kernel that relies on L2 for other data runs slower (§5): a 24 MB buffer read again right after a 32768×8192 forward
 takes 17.6 µs after a hinted one against 12.4 µs after one without; one 256 MB read in between and the difference is
 gone. torch.compile's forward (its looped reduction's ``evict_last``) and the 5120-column two-pass forward leave the
-same 17.6 µs.
+same 17.6 µs. Inside a layer that did not show (thirty-first session, probes_h100_2026-11-27_thirtyfirst.md §6): a
+GEMM on the norm's output (8192×2048 @ 2048×4096 to 16384×4096 @ 4096×6144) took the same time after a hinted norm,
+and an add reading x again ran 2-8% faster.
 """
 
 from __future__ import annotations

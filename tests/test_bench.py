@@ -170,7 +170,36 @@ def test_targets_mark_a_miss():
     assert "| fwd: at least the best peer at every shape | behind at 0/3 | ✓ |" in lines
     behind = "\n".join(report.targets(fake_run(1.5)))
     assert "| fwd: at least the best peer at every shape | behind at 3/3: 32768×1024 (torch F.rms_norm 2.00 vs " \
-           "1.50)" in behind
+           "1.50, -25.0%)" in behind
+
+
+def test_time_kernels_settles_l2_between_the_warm_up_and_the_timed_calls(monkeypatch):
+    """``time_kernels``: one warm-up call, ``settle`` (a 1 GB copy clearing lines an ``evict_last`` load left in L2),
+    then the profiled calls, whatever ran before. Broken variant: a timer that profiles right after its warm-up."""
+    events = []
+
+    def order(timer) -> list[str]:
+        events.clear()
+        timer(lambda: events.append("call"), lambda _: None)
+        return events[:]
+
+    def profiled(fn, calls, sync):
+        events.append("profile")
+        return {"kernel": 10.0}
+
+    monkeypatch.setattr(timing, "settle", lambda: events.append("settle"))
+    monkeypatch.setattr(timing, "kernel_us", profiled)
+    assert order(timing.time_kernels) == ["call", "settle", "profile"]
+
+    def unsettled(fn, sync):
+        sync(fn())
+        return sum(timing.kernel_us(fn, 20, sync).values())
+
+    assert order(unsettled) != ["call", "settle", "profile"]
+    monkeypatch.undo()
+    assert timing.SETTLE_BYTES == 1 << 30
+    if not torch.cuda.is_available():
+        assert timing.settle() is None  # off a GPU: nothing to clear
 
 
 def test_targets_quote_a_copy_of_the_worst_shape_s_bytes(tmp_path):
