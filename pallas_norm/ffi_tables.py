@@ -1,7 +1,8 @@
 """Which kernels jaxlib's Triton call launches (``Config.ffi_launch``, ``triton_ffi``) instead of XLA, and on which
-tiles: the tables alone, with the H100 measurements behind them. ``pallas_config.heuristic`` reads them (and
-re-exports them: ``pallas_config.FWD_FFI_RESIDENT`` is this module's); ``ffi_forward``, ``ffi_few_rows`` and
-``ffi_backward`` there say where they apply (full rows, ``triton_ffi.available()``).
+tiles: the tables, with the H100 measurements behind them (and ``two_pass_tile``, the two-pass table's lookup).
+``pallas_config.heuristic`` reads them (and re-exports them: ``pallas_config.FWD_FFI_RESIDENT`` is this module's);
+``ffi_forward``, ``ffi_few_rows`` and ``ffi_backward`` there say where they apply (full rows,
+``triton_ffi.available()``).
 
 Why a second launcher pays: XLA launches every kernel with dynamic shared memory at the most shared memory, the
 least L1 (``bench carveout``); jaxlib's Triton call keeps the driver's carveout.
@@ -41,6 +42,19 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 32), 32768: (1, 16)}
 # 3.00 / 3.02; at 8192 rows (62 per SM) plain −0.4%, fused +0.6%; at 4096 plain −2%.
 FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8), (2048, 16))}
 TWO_PASS_MANY_ROWS_PER_SM = 96
+
+
+def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132
+                  ) -> tuple[int, int] | None:
+    """``FWD_FFI_TWO_PASS``' (chunk columns, warps) for the forward (plain or fused add) of ``m`` rows of ``n``
+    ``itemsize``-byte elements (16-bit rows of its widths; ``product_in_dtype``: ``kernels.product_in_dtype``, else
+    the float32 product's tile for few or, from ``TWO_PASS_MANY_ROWS_PER_SM`` per SM of ``sms``, many rows), or None;
+    both stacks' heuristics read it (``pallas_config.two_pass_tile``; the Pallas kernels' where
+    ``triton_ffi.available()``)."""
+    tiles = FWD_FFI_TWO_PASS.get(n) if itemsize == 2 else None
+    if tiles is None or product_in_dtype:
+        return tiles and tiles[0]
+    return tiles[2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
 # of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
 # BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...

@@ -12,8 +12,7 @@ import dataclasses
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401 (re-exported)
-                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS,
-                         TWO_PASS_MANY_ROWS_PER_SM)
+                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS, two_pass_tile)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
@@ -134,18 +133,6 @@ def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
     return _ffi(n, FWD_FFI_RESIDENT)
-
-
-def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132
-                  ) -> tuple[int, int] | None:
-    """``FWD_FFI_TWO_PASS``' (chunk columns, warps) for the forward (plain or fused add) of ``m`` rows of ``n``
-    ``itemsize``-byte elements (16-bit rows of its widths; ``product_in_dtype``: ``kernels.product_in_dtype``, else
-    the float32 product's tile for few or, from ``TWO_PASS_MANY_ROWS_PER_SM`` per SM of ``sms``, many rows), or None;
-    both stacks' heuristics read it (the Pallas kernels' where ``triton_ffi.available()``)."""
-    tiles = FWD_FFI_TWO_PASS.get(n) if itemsize == 2 else None
-    if tiles is None or product_in_dtype:
-        return tiles and tiles[0]
-    return tiles[2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]
 
 
 def ffi_few_rows(m: int, n: int) -> bool:
