@@ -55,6 +55,8 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
     if tiles is None or product_in_dtype:
         return tiles and tiles[0]
     return tiles[2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]
+
+
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
 # of these padded lengths (not held as pieces), launched by jaxlib's Triton call where ``triton_ffi`` is available, on
 # BWD_RESIDENT's tile. Twenty-second session (H100, bf16, kernels timed from JAX, `python -m bench.bwd_candidates ...

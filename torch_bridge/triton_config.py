@@ -163,9 +163,9 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     ``triton_kernels._output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
     rows of its lengths, else one warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for
     16-bit dtypes; at most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond
-    ``FWD_RESIDENT_MAX_N``;
-    from ``FWD_BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only).
-    Resident rows take the Pallas kernels' L1 hints (``l1_hints.resident``; the fused add's forward shares the tile)."""
+    ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for
+    float32 compute only). Resident rows take the Pallas kernels' L1 hints (``l1_hints.resident``; the fused add's
+    forward shares the tile)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
