@@ -12,6 +12,15 @@ PEER_LABELS = {"torch_native": "torch F.rms_norm", "hf_eager": "HF formula, eage
                "hf_compile": "HF formula, torch.compile", "xla_formula": "XLA (jit of jnp formula)",
                "liger": "Liger", "tokamax": "tokamax"}
 JAX_PEERS = ("xla_formula", "tokamax")
+# The tables' and plots' column order, whatever order a merged run's rows came in: ours (JAX, then torch), then the
+# peers, the slowest last. (Merged runs had put the columns of the three suite tables in three different orders.)
+COLUMNS = OURS + ("xla_formula", "torch_native", "hf_compile", "liger", "tokamax", "hf_eager")
+
+
+def ordered(names) -> list[str]:
+    """``names`` without repeats, in ``COLUMNS`` order; names not in it follow, in the order first seen."""
+    seen = list(dict.fromkeys(names))
+    return sorted(seen, key=lambda n: (COLUMNS.index(n) if n in COLUMNS else len(COLUMNS), seen.index(n)))
 
 
 def label(name: str) -> str:

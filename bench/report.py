@@ -10,7 +10,7 @@ import io
 import json
 import pathlib
 
-from bench.names import JAX_OURS, JAX_PEERS, OURS, TORCH_OURS, label
+from bench.names import JAX_OURS, JAX_PEERS, OURS, TORCH_OURS, label, ordered
 
 # Fractions of the same run's copy bandwidth that the JAX default (``impl=None``: "auto", or "pallas" in runs
 # made before it existed) must reach.
@@ -63,7 +63,7 @@ def markdown(result: dict) -> str:
     env, rows = result["env"], result["rows"]
     copy = env["copy_tbps"]
     idx = index(rows)
-    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    provs = ordered(r["provider"] for r in rows)
     out = [f"# RMSNorm benchmark: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
            f"{env['date']} · driver {env['driver']} · jax {env['jax']} · torch {env['torch']} · triton "
            f"{env['triton']} · copy bandwidth (torch `copy_`, read + write, this run): **{copy:.2f} TB/s**"
@@ -131,7 +131,7 @@ def targets(result: dict) -> list[str]:
     env, rows = result["env"], result["rows"]
     copy, idx = env["copy_tbps"], index(rows)
     shapes = _shapes(rows)
-    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    provs = ordered(r["provider"] for r in rows)
     main = "auto" if "auto" in provs else "pallas"
     lines = [f"## Targets ({label(main)}, `impl={'None' if main == 'auto' else repr(main)}`, unless named)", "",
              "| target | measured | met |", "|---|---|---|"]
@@ -206,7 +206,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     for i, (title, keep) in enumerate(panels):
         for j, mode in enumerate(("fwd", "bwd", "fwd+bwd")):
             ax = axes[i][j]
-            for p in dict.fromkeys(r["provider"] for r in rows):
+            for p in ordered(r["provider"] for r in rows):
                 pts = sorted((r["n"], r["tbps"]) for r in rows if r["provider"] == p and r["mode"] == mode and keep(r))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", lw=2.2 if p in OURS else 1.2, label=label(p))

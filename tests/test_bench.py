@@ -86,8 +86,8 @@ def test_render_writes_table_csv_and_plot(tmp_path):
     text = md.read_text()
     assert "| fwd ≥ 95% of copy, N ≤ 16384 | worst 2.95 TB/s (98%) at 32768×1024 | ✓ |" in text
     assert "| Pallas binaries launched by torch: small call ≤ 2× torch F.rms_norm | 1.5× – 1.5× | ✓ |" in text
-    assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%) | 1.00 (33%) | err |" in text
-    assert "| M×N | Pallas in JAX | torch F.rms_norm | XLA (jit of jnp formula) | HF formula, eager |" in text
+    assert "| 32768×4096 | 2.95 (98%) | 1.00 (33%) | 2.00 (67%) | err |" in text
+    assert "| M×N | Pallas in JAX | XLA (jit of jnp formula) | torch F.rms_norm | HF formula, eager |" in text
     rows = list(csv.DictReader(csv_path.open()))
     assert {"gpu", "driver", "jax", "torch", "triton", "date", "copy_tbps"} <= set(rows[0])
     assert rows[0]["gpu"] == ENV["gpu"] and rows[0]["provider"] == "pallas" and png.stat().st_size > 10_000
@@ -111,7 +111,7 @@ def test_torch_rows_timed_by_events_are_marked_and_stay_marked_when_merged(tmp_p
     (merging without tagging the older rows) would show them unmarked under the newer run's env."""
     old = fake_run(2.95)
     old["env"] = {k: v for k, v in ENV.items() if k != "timer"}  # a run before the kernel timer
-    assert "| 32768×4096 | 2.95 (98%) | 2.00 (67%)† | 1.00 (33%) | err |" in report.markdown(old)
+    assert "| 32768×4096 | 2.95 (98%) | 1.00 (33%) | 2.00 (67%)† | err |" in report.markdown(old)
     new = dict(env=ENV,
                rows=[dict(r, tbps=2.6, pct_copy=2.6 / 3 * 100) for r in old["rows"]
                      if r["provider"] == "torch_native" and (r["m"], r["n"]) == (32768, 4096)])
@@ -121,8 +121,8 @@ def test_torch_rows_timed_by_events_are_marked_and_stay_marked_when_merged(tmp_p
     (tmp_path / "new.json").write_text(json.dumps(new))
     md, *_ = bench_cli.render([str(tmp_path / "old.json"), str(tmp_path / "new.json")], tmp_path / "out")
     text = md.read_text()
-    assert "| 32768×4096 | 2.95 (98%) | 2.60 (87%) | 1.00 (33%) | err |" in text
-    assert "| 32768×1024 | 2.95 (98%) | 2.00 (67%)† | 1.00 (33%) |" in text
+    assert "| 32768×4096 | 2.95 (98%) | 1.00 (33%) | 2.60 (87%) | err |" in text
+    assert "| 32768×1024 | 2.95 (98%) | 1.00 (33%) | 2.00 (67%)† |" in text
     assert "but the 6 rows marked †: torch providers timed by CUDA events" in text
     untagged = dict(env=new["env"], rows=old["rows"])
     assert "†" not in report.markdown(untagged)
@@ -220,6 +220,21 @@ def test_targets_quote_a_copy_of_the_worst_shape_s_bytes(tmp_path):
     (tmp_path / "ceiling_h100.json").unlink()
     bench_cli.render([str(tmp_path / "run.json")], tmp_path)
     assert "a copy of its bytes" not in (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
+
+
+def test_table_columns_follow_one_order_whatever_order_the_rows_come_in():
+    """Ours first (JAX, then torch), then the peers, the same in every table: merged runs had put the three suite
+    tables' columns in three orders, and a reader compared the wrong ones. Broken variant: the rows' first-seen
+    order, which differs between the two runs."""
+    run = fake_run(2.5)
+    header = next(line for line in report.markdown(run).splitlines() if line.startswith("| M×N"))
+    shuffled = dict(env=run["env"], rows=run["rows"][::-1])
+    assert next(line for line in report.markdown(shuffled).splitlines() if line.startswith("| M×N")) == header
+    assert header.index(names.label("pallas")) < header.index(names.label("xla_formula")) < \
+        header.index(names.label("torch_native"))
+    assert names.ordered(["liger", "mine", "triton", "auto", "liger"]) == ["auto", "triton", "liger", "mine"]
+    first_seen = [list(dict.fromkeys(r["provider"] for r in rows)) for rows in (run["rows"], shuffled["rows"])]
+    assert first_seen[0] != first_seen[1]
 
 
 def test_names_and_file_names():
