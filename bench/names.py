@@ -19,8 +19,7 @@ COLUMNS = OURS + ("xla_formula", "torch_native", "hf_compile", "liger", "tokamax
 
 def ordered(names) -> list[str]:
     """``names`` without repeats, in ``COLUMNS`` order; names not in it follow, in the order first seen."""
-    seen = list(dict.fromkeys(names))
-    return sorted(seen, key=lambda n: (COLUMNS.index(n) if n in COLUMNS else len(COLUMNS), seen.index(n)))
+    return sorted(dict.fromkeys(names), key=lambda n: COLUMNS.index(n) if n in COLUMNS else len(COLUMNS))  # stable
 
 
 def label(name: str) -> str:

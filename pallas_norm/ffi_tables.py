@@ -52,9 +52,9 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
     both stacks' heuristics read it (``pallas_config.two_pass_tile``; the Pallas kernels' where
     ``triton_ffi.available()``)."""
     tiles = FWD_FFI_TWO_PASS.get(n) if itemsize == 2 else None
-    if tiles is None or product_in_dtype:
-        return tiles and tiles[0]
-    return tiles[2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]
+    if tiles is None:
+        return None
+    return tiles[0 if product_in_dtype else 2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]
 
 
 # The resident backward (plain and fused add: one launch, so the fused add's dweight is rms_norm's bits) of full rows
