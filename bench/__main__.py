@@ -10,6 +10,7 @@
     python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
     python -m bench ceiling [--out DIR]    # a copy of each shape's bytes beside impl=None's kernels
     python -m bench contention [--out DIR] # the band kernels alone and beside other streams' kernels
+    python -m bench ties [--dtype D] [--casting C] [--rounds R] [--out DIR]  # where a suite run has ours behind
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -20,7 +21,8 @@ and Gemma2 stacks, norms by provider (and with the residual add fused). fused: t
 against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XLA's launch (the most shared
 memory, the least L1) costs the same binary. ceiling: what a copy of the same bytes reaches at each shape
 (the suite divides by a 2 GiB copy). contention: the column-band kernels (whose row groups must be co-resident)
-alone and beside other streams' kernels. summary: the README's speed table from the committed
+alone and beside other streams' kernels. ties: ours and the best peer again, taking turns over rounds, at each
+shape where the committed suite run has ours behind (the targets quote it). summary: the README's speed table from the committed
 results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
@@ -34,7 +36,8 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "render", "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "ties", "render",
+            "summary")
 
 
 def suite_stem(env: dict) -> str:
@@ -45,7 +48,7 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy; a row measured
     again in a later run replaces the earlier one) and write them (with the merged JSON when there are several).
     The targets quote a same-size copy from ``ceiling_<gpu>.json`` in ``out`` where there is one (``bench
-    ceiling``)."""
+    ceiling``) and the paired re-runs from ``ties_<gpu>_<dtype>_<casting>.json`` (``bench ties``)."""
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     env = dict(runs[0]["env"])
     env["copy_tbps"] = max(r["env"]["copy_tbps"] for r in runs)
@@ -60,6 +63,9 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     merged = dict(env=env, rows=list(rows.values()))
     ceiling = out / f"ceiling_{timing.gpu_slug(env['gpu'])}.json"  # `bench ceiling`'s run on that GPU, if any
     extra = dict(ceiling=json.loads(ceiling.read_text())["rows"]) if ceiling.exists() else {}
+    ties = out / f"ties_{suite_stem(env).removeprefix('bench_')}.json"  # `bench ties`' re-run of this table's gaps
+    if ties.exists():
+        extra["ties"] = json.loads(ties.read_text())["rows"]
     paths = report.write({**merged, **extra}, out, suite_stem(env))
     if len(runs) > 1:  # the merged raw rows too, so the files re-render from what they show
         paths.append(out / f"{suite_stem(env)}.json")
@@ -121,6 +127,11 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("carveout").add_argument("--out", default="bench/results")
     sub.add_parser("ceiling").add_argument("--out", default="bench/results")
     sub.add_parser("contention").add_argument("--out", default="bench/results")
+    t = sub.add_parser("ties")
+    t.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    t.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
+    t.add_argument("--rounds", type=int, default=None, help="rounds of turns (default: bench.ties.ROUNDS)")
+    t.add_argument("--out", default="bench/results", help="where the suite run is read and the result written")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -198,6 +209,19 @@ def main(argv: list[str] | None = None) -> int:
 
         result = ceiling.run()
         return _write(ceiling, result, out / f"ceiling_{timing.gpu_slug(result['env']['gpu'])}")
+    if args.command == "ties":
+        import torch
+
+        from bench import ties
+
+        stem = suite_stem(dict(gpu=torch.cuda.get_device_name(), dtype=args.dtype, casting=args.casting))
+        suite_run = out / f"{stem}.json"
+        if not suite_run.exists():
+            print(f"python -m bench ties: no suite run {suite_run} to pair (run `python -m bench` first)",
+                  file=sys.stderr)
+            return 2
+        result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS)
+        return _write(ties, result, out / stem.replace("bench_", "ties_", 1))
     if args.command == "sweep":
         from bench import sweep
 

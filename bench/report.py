@@ -142,16 +142,17 @@ def targets(result: dict) -> list[str]:
             m, n, tbps, share = min(vals, key=lambda t: t[3])
             lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n}"
                          f"{_same_size_copy(result, mode, m, n, copy)} | {'✓' if share >= 100 * frac else '✗'} |")
+    ties = {(t["mode"], t["m"], t["n"]): t for t in result.get("ties", ())}
     for mode in ("fwd", "bwd", "fwd+bwd"):
-        behind = []
-        for m, n in shapes:
-            ours, peer = idx.get((main, mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
-            if "tbps" in ours and peer and ours["tbps"] < peer[1]:
-                gap = 100 * (ours["tbps"] / peer[1] - 1)  # two decimals hide ties: the gap says how far behind
-                behind.append(f"{m}×{n} ({label(peer[0])} {peer[1]:.2f} vs {ours['tbps']:.2f}, {gap:+.1f}%)")
-        lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(behind)}/{len(shapes)}"
-                     f"{': ' + '; '.join(behind[:4]) + ('…' if len(behind) > 4 else '') if behind else ''} | "
-                     f"{'✗' if behind else '✓'} |")
+        items = behind(result, mode)
+        texts = [f"{b['m']}×{b['n']} ({label(b['peer'])} {b['peer_tbps']:.2f} vs {b['tbps']:.2f}, {b['gap']:+.1f}%"
+                 f"{_paired(ties.get((mode, b['m'], b['n'])), b['peer'])})" for b in items]
+        verdicts = [t["verdict"] for b in items if (t := ties.get((mode, b["m"], b["n"]))) and t["peer"] == b["peer"]]
+        paired = (f" (paired again: {verdicts.count('behind')} behind, {verdicts.count('level')} level, "
+                  f"{verdicts.count('ahead')} ahead)" if verdicts else "")
+        lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(items)}/{len(shapes)}{paired}"
+                     f"{': ' + '; '.join(texts[:4]) + ('…' if len(texts) > 4 else '') if texts else ''} | "
+                     f"{'✗' if items else '✓'} |")
     for p in TORCH_OURS:
         ratios = [x for r in rows if r.get("small") and r["provider"] == p and "us" in r
                   for x in [_x_torch(r, idx.get(("torch_native", r["mode"], r["m"], r["n"], True)))] if x is not None]
@@ -159,6 +160,28 @@ def targets(result: dict) -> list[str]:
             lines.append(f"| {label(p)}: small call ≤ {SMALL_CALL_RATIO:g}× torch F.rms_norm | {min(ratios):.1f}× – "
                          f"{max(ratios):.1f}× | {'✓' if max(ratios) <= SMALL_CALL_RATIO else '✗'} |")
     return lines
+
+
+def behind(result: dict, mode: str) -> list[dict]:
+    """The shapes where the judged provider (``auto``, else ``pallas``) trails the run's best peer in ``mode``: each
+    ``dict(mode, m, n, peer, peer_tbps, tbps, gap)``, ``gap`` in % (two decimals of TB/s hide ties)."""
+    idx, rows = index(result["rows"]), result["rows"]
+    provs = ordered(r["provider"] for r in rows)
+    main = "auto" if "auto" in provs else "pallas"
+    out = []
+    for m, n in _shapes(rows):
+        ours, peer = idx.get((main, mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)
+        if "tbps" in ours and peer and ours["tbps"] < peer[1]:
+            out.append(dict(mode=mode, m=m, n=n, peer=peer[0], peer_tbps=peer[1], tbps=ours["tbps"],
+                            gap=100 * (ours["tbps"] / peer[1] - 1)))
+    return out
+
+
+def _paired(tie: dict | None, peer: str) -> str:
+    """``"; paired over R rounds −g%, level"``: ``bench ties``' re-run of the shape against the same peer, if any."""
+    if tie is None or tie["peer"] != peer:
+        return ""
+    return f"; paired over {len(tie['ours'])} rounds {tie['gap']:+.1f}%, {tie['verdict']}"
 
 
 def _same_size_copy(result: dict, mode: str, m: int, n: int, copy: float) -> str:

@@ -44,7 +44,8 @@ def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"], ["contention"]])
+@pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"], ["contention"],
+                                  ["ties"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
     assert bench_cli.main(argv) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
@@ -366,3 +367,49 @@ def test_gaps_finds_idle_time_and_the_op_that_launched_the_next_kernel(tmp_path)
     text = gaps.report([path], ENV)
     assert "| 50.0 | 0.02 | `k3` | my_norm |" in text and "busy 0.35 ms, idle 0.05 ms" in text
 
+
+
+def test_ties_pair_the_shapes_the_suite_has_behind_and_judge_them_by_overlap():
+    """``bench ties`` re-times, as a pair, exactly the shapes and modes the suite has ours behind, against that
+    shape's best peer; its verdict is "level" wherever the rounds overlap. Broken variant: a verdict from the means
+    alone calls the overlapping rounds below "behind"."""
+    from bench import ties
+
+    run = fake_run(1.5)
+    run["rows"] += [dict(provider="hf_compile", mode="bwd", m=32768, n=4096, us=1.0, tbps=2.9, pct_copy=96.7)]
+    got = [(p["mode"], p["m"], p["n"], p["peer"]) for p in ties.pairs(run)]
+    assert got == [("fwd", 32768, 1024, "torch_native"), ("fwd", 32768, 4096, "torch_native"),
+                   ("fwd", 1024, 262144, "torch_native"), ("bwd", 32768, 4096, "hf_compile")]
+    assert not ties.pairs(fake_run(2.95))
+    ours, theirs = [2.95, 2.97, 2.96], [2.96, 2.99, 2.97]
+    assert ties.verdict(ours, theirs) == "level"
+    assert ties.verdict([2.90, 2.91], theirs) == "behind" and ties.verdict([3.0, 3.01], theirs) == "ahead"
+
+    def by_means(a, b):
+        return "behind" if sum(a) / len(a) < sum(b) / len(b) else "level"
+
+    assert by_means(ours, theirs) != ties.verdict(ours, theirs)
+
+
+def test_targets_quote_the_paired_rerun_of_each_shape_behind(tmp_path):
+    """``render`` attaches ``ties_<gpu>_<dtype>_<casting>.json`` from its output folder; each shape the targets find
+    behind then quotes its paired re-run (rounds, gap, verdict), and the line counts the verdicts; the mark still
+    judges the suite's numbers. Broken variant: a re-run against another peer than the suite's best is not quoted."""
+    from bench import ties
+
+    run = fake_run(1.5)
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    tie = dict(mode="fwd", m=32768, n=1024, ours_name="pallas", peer="torch_native", suite_gap=-25.0,
+               ours=[1.99, 2.01, 2.0], theirs=[2.0, 2.02, 1.98], gap=-0.2, verdict="level")
+    result = dict(env=dict(ENV, rounds=3), rows=[tie])
+    (tmp_path / "ties_h100_bfloat16_llama.json").write_text(json.dumps(result))
+    bench_cli.render([str(tmp_path / "run.json")], tmp_path)
+    text = (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
+    assert ("| fwd: at least the best peer at every shape | behind at 3/3 (paired again: 0 behind, 1 level, 0 ahead): "
+            "32768×1024 (torch F.rms_norm 2.00 vs 1.50, -25.0%; paired over 3 rounds -0.2%, level); 32768×4096 "
+            "(torch F.rms_norm 2.00 vs 1.50, -25.0%)") in text
+    assert "| 32768×1024 | fwd | torch F.rms_norm | -25.0% | 2.000 (1.990–2.010) | 2.000 (1.980–2.020) | -0.20% | " \
+           "level |" in ties.markdown(result)
+    (tmp_path / "ties_h100_bfloat16_llama.json").write_text(json.dumps(dict(result, rows=[dict(tie, peer="liger")])))
+    bench_cli.render([str(tmp_path / "run.json")], tmp_path)
+    assert "paired" not in (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
