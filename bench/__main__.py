@@ -10,7 +10,7 @@
     python -m bench carveout [--out DIR]   # one Triton-lowered binary launched by XLA and by torch
     python -m bench ceiling [--out DIR]    # a copy of each shape's bytes beside impl=None's kernels
     python -m bench contention [--out DIR] # the band kernels alone and beside other streams' kernels
-    python -m bench ties [--dtype D] [--casting C] [--rounds R] [--out DIR]  # where a suite run has ours behind
+    python -m bench ties [--dtype D] [--casting C] [--rounds R] [--ours a,b] [--out DIR]  # where ours trail
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -22,8 +22,8 @@ against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XL
 memory, the least L1) costs the same binary. ceiling: what a copy of the same bytes reaches at each shape
 (the suite divides by a 2 GiB copy). contention: the column-band kernels (whose row groups must be co-resident)
 alone and beside other streams' kernels. ties: ours and the best peer again, taking turns over rounds, at each
-shape where the committed suite run has ours behind (the targets quote it). summary: the README's speed table from the committed
-results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
+shape where the committed suite run has ours behind (the targets quote it). summary: the README's speed table from
+the committed results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
 2; ``render`` and ``summary`` run anywhere.
 """
 
@@ -131,6 +131,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     t.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
     t.add_argument("--rounds", type=int, default=None, help="rounds of turns (default: bench.ties.ROUNDS)")
+    t.add_argument("--ours", type=lambda v: tuple(v.split(",")), default=None,
+                   help="comma-separated providers of ours to pair (default: the one the targets judge, impl=None)")
     t.add_argument("--out", default="bench/results", help="where the suite run is read and the result written")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m bench ties: no suite run {suite_run} to pair (run `python -m bench` first)",
                   file=sys.stderr)
             return 2
-        result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS)
+        result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS, args.ours)
         return _write(ties, result, out / stem.replace("bench_", "ties_", 1))
     if args.command == "sweep":
         from bench import sweep

@@ -131,8 +131,7 @@ def targets(result: dict) -> list[str]:
     env, rows = result["env"], result["rows"]
     copy, idx = env["copy_tbps"], index(rows)
     shapes = _shapes(rows)
-    provs = ordered(r["provider"] for r in rows)
-    main = "auto" if "auto" in provs else "pallas"
+    main = judged(rows)
     lines = [f"## Targets ({label(main)}, `impl={'None' if main == 'auto' else repr(main)}`, unless named)", "",
              "| target | measured | met |", "|---|---|---|"]
     for mode, where, frac, text in TARGETS:
@@ -142,7 +141,7 @@ def targets(result: dict) -> list[str]:
             m, n, tbps, share = min(vals, key=lambda t: t[3])
             lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n}"
                          f"{_same_size_copy(result, mode, m, n, copy)} | {'✓' if share >= 100 * frac else '✗'} |")
-    ties = {(t["mode"], t["m"], t["n"]): t for t in result.get("ties", ())}
+    ties = {(t["mode"], t["m"], t["n"]): t for t in result.get("ties", ()) if t.get("ours_name", main) == main}
     for mode in ("fwd", "bwd", "fwd+bwd"):
         items = behind(result, mode)
         texts = [f"{b['m']}×{b['n']} ({label(b['peer'])} {b['peer_tbps']:.2f} vs {b['tbps']:.2f}, {b['gap']:+.1f}%"
@@ -162,12 +161,17 @@ def targets(result: dict) -> list[str]:
     return lines
 
 
-def behind(result: dict, mode: str) -> list[dict]:
-    """The shapes where the judged provider (``auto``, else ``pallas``) trails the run's best peer in ``mode``: each
-    ``dict(mode, m, n, peer, peer_tbps, tbps, gap)``, ``gap`` in % (two decimals of TB/s hide ties)."""
+def judged(rows: list[dict]) -> str:
+    """The provider the targets judge: ``auto`` (impl=None), or ``pallas`` in runs made before it existed."""
+    return "auto" if any(r["provider"] == "auto" for r in rows) else "pallas"
+
+
+def behind(result: dict, mode: str, main: str | None = None) -> list[dict]:
+    """The shapes where ``main`` (default: the judged provider, ``judged``) trails the run's best peer in ``mode``:
+    each ``dict(mode, m, n, peer, peer_tbps, tbps, gap)``, ``gap`` in % (two decimals of TB/s hide ties)."""
     idx, rows = index(result["rows"]), result["rows"]
     provs = ordered(r["provider"] for r in rows)
-    main = "auto" if "auto" in provs else "pallas"
+    main = main or judged(rows)
     out = []
     for m, n in _shapes(rows):
         ours, peer = idx.get((main, mode, m, n, False), {}), best_peer(idx, provs, mode, m, n)

@@ -2,12 +2,13 @@
 
 A suite run times each provider once per shape, and two settled runs of one peer differ by up to 0.4% (torch.compile's
 forward at 4096×16384 read 2.959, then 2.971: thirty-first session), about the size of the gaps left. Here the judged
-provider (``impl=None``: ``auto``) and the peer the suite found fastest take turns over ``ROUNDS`` rounds in one
-process, ours first in even rounds and the peer first in odd ones, each timing as the suite's (the kernels' own
+provider (``impl=None``: ``auto``; ``--ours`` adds others of ours, such as the torch route's default ``pallas_launch``
+and the Triton reference) and the peer the suite found fastest take turns over ``ROUNDS`` rounds in one process, ours
+first in even rounds and the peer first in odd ones, each timing as the suite's (the kernels' own
 durations over rotated inputs, L2 settled: ``timing.time_kernels``). Per pair: both sides' rounds, the median over
 rounds of ours / the peer's TB/s (``timing.paired_ratio``), and a verdict (``verdict``). ``render`` attaches the run
 (``ties_<gpu>_<dtype>_<casting>.json``) so that the suite's targets quote it beside each shape they find behind; the
-targets' marks still judge the suite's own numbers.
+targets (which judge ``auto``) still mark the suite's own numbers.
 """
 
 from __future__ import annotations
@@ -31,23 +32,25 @@ def verdict(ours: list[float], theirs: list[float]) -> str:
     return "level"
 
 
-def pairs(suite_result: dict) -> list[dict]:
-    """Every mode's shapes where the suite has ours behind its best peer (``report.behind``)."""
-    return [b for mode in ("fwd", "bwd", "fwd+bwd") for b in report.behind(suite_result, mode)]
+def pairs(suite_result: dict, ours: tuple[str, ...] | None = None) -> list[dict]:
+    """Every mode's shapes where the suite has one of ``ours`` (default: the judged provider, ``report.judged``)
+    behind its best peer (``report.behind``), each with ``ours_name``."""
+    names = ours or (report.judged(suite_result["rows"]),)
+    return [dict(b, ours_name=name) for name in names for mode in ("fwd", "bwd", "fwd+bwd")
+            for b in report.behind(suite_result, mode, name)]
 
 
-def run(suite_result: dict, rounds: int = ROUNDS) -> dict:
-    """Ours and the best peer at each of ``pairs(suite_result)``, taking turns over ``rounds`` rounds."""
+def run(suite_result: dict, rounds: int = ROUNDS, ours: tuple[str, ...] | None = None) -> dict:
+    """Ours and the best peer at each of ``pairs(suite_result, ours)``, taking turns over ``rounds`` rounds."""
     import torch
 
     from bench.providers import providers
 
     env = suite_result["env"]
     offset = 1.0 if env["casting"] == "gemma" else 0.0
-    main = "auto" if any(r["provider"] == "auto" for r in suite_result["rows"]) else "pallas"
     rows = []
-    for b in pairs(suite_result):
-        m, n, mode = b["m"], b["n"], b["mode"]
+    for b in pairs(suite_result, ours):
+        m, n, mode, main = b["m"], b["n"], b["mode"], b["ours_name"]
         x, w, dy = timing.inputs(m, n, getattr(torch, env["dtype"]), offset)
         fns = {p.name: p.build(x, w, dy, offset, env["casting"])[mode] for p in providers((main, b["peer"]))}
         samples = {name: [] for name in fns}
@@ -70,17 +73,20 @@ def markdown(result: dict) -> str:
     out = [f"# Ours against the best peer where the suite has ours behind, paired: {env['gpu']}, {env['dtype']}, "
            f"casting={env['casting']}", "",
            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by `python -m "
-           f"bench ties` from the committed suite run: at each shape and mode where ours (`impl=None`) trails the "
-           f"suite's best peer, the two take turns over {env['rounds']} rounds in one process (ours first in even "
-           "rounds), each timed as the suite times them (kernel durations over rotated inputs, L2 settled). TB/s, "
-           "mean (min–max); `gap`: the median over rounds of ours / the peer's, −1; `verdict`: behind (ours' best "
-           "round below the peer's worst), ahead (the reverse), else level.", "",
-           "| M×N | mode | peer | suite gap | ours | peer | gap | verdict |", "|---|---|---|---|---|---|---|---|"]
+           "bench ties` from the committed suite run: at each shape and mode where one of ours trails the suite's "
+           f"best peer, the two take turns over {env['rounds']} rounds in one process (ours first in even rounds), "
+           "each timed as the suite times them (kernel durations over rotated inputs, L2 settled). TB/s, mean "
+           "(min–max); `gap`: the median over rounds of ours / the peer's, −1; `verdict`: behind (ours' best round "
+           "below the peer's worst), ahead (the reverse), else level. The suite's targets quote the rows of the "
+           "provider they judge (`impl=None`).", "",
+           "| ours | M×N | mode | peer | suite gap | ours' TB/s | peer's TB/s | gap | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
 
     def spread(v: list[float]) -> str:
         return f"{statistics.fmean(v):.3f} ({min(v):.3f}–{max(v):.3f})"
 
     for r in result["rows"]:
-        out.append(f"| {r['m']}×{r['n']} | {r['mode']} | {label(r['peer'])} | {r['suite_gap']:+.1f}% | "
-                   f"{spread(r['ours'])} | {spread(r['theirs'])} | {r['gap']:+.2f}% | {r['verdict']} |")
+        out.append(f"| {label(r.get('ours_name', 'auto'))} | {r['m']}×{r['n']} | {r['mode']} | {label(r['peer'])} | "
+                   f"{r['suite_gap']:+.1f}% | {spread(r['ours'])} | {spread(r['theirs'])} | {r['gap']:+.2f}% | "
+                   f"{r['verdict']} |")
     return "\n".join(out) + "\n"

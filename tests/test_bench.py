@@ -381,6 +381,11 @@ def test_ties_pair_the_shapes_the_suite_has_behind_and_judge_them_by_overlap():
     assert got == [("fwd", 32768, 1024, "torch_native"), ("fwd", 32768, 4096, "torch_native"),
                    ("fwd", 1024, 262144, "torch_native"), ("bwd", 32768, 4096, "hf_compile")]
     assert not ties.pairs(fake_run(2.95))
+    slow = fake_run(2.95)
+    slow["rows"] += [dict(r, provider="pallas_launch", tbps=1.9) for r in slow["rows"]
+                     if r["provider"] == "pallas" and r["mode"] == "bwd" and r["n"] == 1024]
+    assert [(p["ours_name"], p["mode"], p["m"], p["n"]) for p in ties.pairs(slow, ("pallas", "pallas_launch"))] == [
+        ("pallas_launch", "bwd", 32768, 1024)]
     ours, theirs = [2.95, 2.97, 2.96], [2.96, 2.99, 2.97]
     assert ties.verdict(ours, theirs) == "level"
     assert ties.verdict([2.90, 2.91], theirs) == "behind" and ties.verdict([3.0, 3.01], theirs) == "ahead"
@@ -401,15 +406,16 @@ def test_targets_quote_the_paired_rerun_of_each_shape_behind(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(run))
     tie = dict(mode="fwd", m=32768, n=1024, ours_name="pallas", peer="torch_native", suite_gap=-25.0,
                ours=[1.99, 2.01, 2.0], theirs=[2.0, 2.02, 1.98], gap=-0.2, verdict="level")
-    result = dict(env=dict(ENV, rounds=3), rows=[tie])
+    other = dict(tie, ours_name="pallas_launch", m=32768, n=4096, gap=-5.0, verdict="behind")
+    result = dict(env=dict(ENV, rounds=3), rows=[tie, other])  # the targets judge "pallas" here, not pallas_launch
     (tmp_path / "ties_h100_bfloat16_llama.json").write_text(json.dumps(result))
     bench_cli.render([str(tmp_path / "run.json")], tmp_path)
     text = (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
     assert ("| fwd: at least the best peer at every shape | behind at 3/3 (paired again: 0 behind, 1 level, 0 ahead): "
             "32768×1024 (torch F.rms_norm 2.00 vs 1.50, -25.0%; paired over 3 rounds -0.2%, level); 32768×4096 "
             "(torch F.rms_norm 2.00 vs 1.50, -25.0%)") in text
-    assert "| 32768×1024 | fwd | torch F.rms_norm | -25.0% | 2.000 (1.990–2.010) | 2.000 (1.980–2.020) | -0.20% | " \
-           "level |" in ties.markdown(result)
+    assert "| Pallas in JAX | 32768×1024 | fwd | torch F.rms_norm | -25.0% | 2.000 (1.990–2.010) | 2.000 " \
+           "(1.980–2.020) | -0.20% | level |" in ties.markdown(result)
     (tmp_path / "ties_h100_bfloat16_llama.json").write_text(json.dumps(dict(result, rows=[dict(tie, peer="liger")])))
     bench_cli.render([str(tmp_path / "run.json")], tmp_path)
     assert "paired" not in (tmp_path / "bench_h100_bfloat16_llama.md").read_text()
