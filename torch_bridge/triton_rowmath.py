@@ -82,7 +82,7 @@ def _rstd(sumsq, n_f, eps, CT: tl.constexpr):
     ``lax.rsqrt``: the hardware's reciprocal square root, ``/`` as Triton divides), 1 / sqrt in float64.
 
     It was ``1 / sqrt`` with correctly rounded division and square root (``div_rn``, ``sqrt_rn``) until the
-    thirty-second session: those took 44 registers against 32 in the 1024-column forward (fewer blocks per SM)
+    thirty-second session: those took 44 registers against 32 on the (2, 1024, 4) tile (fewer blocks per SM)
     and cost the forward 1-3% at most shapes. H100, bf16, the heuristic's tiles, launched by torch, TB/s (plain):
     gemma 4096×4096 2.70 → 2.76, 4096×3584 2.66 → 2.74, 4096×2048 2.52 → 2.56, 32768×5120 3.00 → 3.03, llama
     4096×1024 2.40 → 2.44, 32768×1024 2.88 → 2.90 (probes_h100_2026-11-27_thirtysecond.md §3)."""
