@@ -23,8 +23,8 @@ memory, the least L1) costs the same binary. ceiling: what a copy of the same by
 (the suite divides by a 2 GiB copy). contention: the column-band kernels (whose row groups must be co-resident)
 alone and beside other streams' kernels. ties: ours and the best peer again, taking turns over rounds, at each
 shape where the committed suite run has ours behind (the targets quote it). summary: the README's speed table from
-the committed results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says so and exits
-2; ``render`` and ``summary`` run anywhere.
+the committed results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says
+so and exits 2; ``render`` and ``summary`` run anywhere.
 """
 
 from __future__ import annotations

@@ -368,7 +368,6 @@ def test_gaps_finds_idle_time_and_the_op_that_launched_the_next_kernel(tmp_path)
     assert "| 50.0 | 0.02 | `k3` | my_norm |" in text and "busy 0.35 ms, idle 0.05 ms" in text
 
 
-
 def test_ties_pair_the_shapes_the_suite_has_behind_and_judge_them_by_overlap():
     """``bench ties`` re-times, as a pair, exactly the shapes and modes the suite has ours behind, against that
     shape's best peer; its verdict is "level" wherever the rounds overlap. Broken variant: a verdict from the means
