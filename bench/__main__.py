@@ -44,6 +44,11 @@ def suite_stem(env: dict) -> str:
     return f"bench_{timing.gpu_slug(env['gpu'])}_{env['dtype']}_{env['casting']}"
 
 
+def ties_stem(env: dict) -> str:
+    """``bench ties``' file name for the suite table of ``env`` (GPU, dtype, casting)."""
+    return f"ties_{timing.gpu_slug(env['gpu'])}_{env['dtype']}_{env['casting']}"
+
+
 def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     """Merge saved suite runs (same GPU, dtype, casting; each row keeps its own run's % of copy; a row measured
     again in a later run replaces the earlier one) and write them (with the merged JSON when there are several).
@@ -63,7 +68,7 @@ def render(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     merged = dict(env=env, rows=list(rows.values()))
     ceiling = out / f"ceiling_{timing.gpu_slug(env['gpu'])}.json"  # `bench ceiling`'s run on that GPU, if any
     extra = dict(ceiling=json.loads(ceiling.read_text())["rows"]) if ceiling.exists() else {}
-    ties = out / f"ties_{suite_stem(env).removeprefix('bench_')}.json"  # `bench ties`' re-run of this table's gaps
+    ties = out / f"{ties_stem(env)}.json"  # `bench ties`' re-run of this table's gaps
     if ties.exists():
         extra["ties"] = json.loads(ties.read_text())["rows"]
     paths = report.write({**merged, **extra}, out, suite_stem(env))
@@ -216,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
 
         from bench import ties
 
-        stem = suite_stem(dict(gpu=torch.cuda.get_device_name(), dtype=args.dtype, casting=args.casting))
-        suite_run = out / f"{stem}.json"
+        table = dict(gpu=torch.cuda.get_device_name(), dtype=args.dtype, casting=args.casting)
+        suite_run = out / f"{suite_stem(table)}.json"
         if not suite_run.exists():
             print(f"python -m bench ties: no suite run {suite_run} to pair (run `python -m bench` first)",
                   file=sys.stderr)
             return 2
         result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS, args.ours)
-        return _write(ties, result, out / stem.replace("bench_", "ties_", 1))
+        return _write(ties, result, out / ties_stem(table))
     if args.command == "sweep":
         from bench import sweep
 

@@ -141,12 +141,12 @@ def targets(result: dict) -> list[str]:
             m, n, tbps, share = min(vals, key=lambda t: t[3])
             lines.append(f"| {mode} ≥ {frac:.0%} of copy, {text} | worst {tbps:.2f} TB/s ({share:.0f}%) at {m}×{n}"
                          f"{_same_size_copy(result, mode, m, n, copy)} | {'✓' if share >= 100 * frac else '✗'} |")
-    ties = {(t["mode"], t["m"], t["n"]): t for t in result.get("ties", ()) if t.get("ours_name", main) == main}
+    ties = {(t["mode"], t["m"], t["n"], t["peer"]): t for t in result.get("ties", ()) if t["ours_name"] == main}
     for mode in ("fwd", "bwd", "fwd+bwd"):
-        items = behind(result, mode)
+        items = [(b, ties.get((mode, b["m"], b["n"], b["peer"]))) for b in behind(result, mode)]  # re-run vs that peer
         texts = [f"{b['m']}×{b['n']} ({label(b['peer'])} {b['peer_tbps']:.2f} vs {b['tbps']:.2f}, {b['gap']:+.1f}%"
-                 f"{_paired(ties.get((mode, b['m'], b['n'])), b['peer'])})" for b in items]
-        verdicts = [t["verdict"] for b in items if (t := ties.get((mode, b["m"], b["n"]))) and t["peer"] == b["peer"]]
+                 f"{_paired(tie)})" for b, tie in items]
+        verdicts = [tie["verdict"] for _, tie in items if tie]
         paired = (f" (paired again: {verdicts.count('behind')} behind, {verdicts.count('level')} level, "
                   f"{verdicts.count('ahead')} ahead)" if verdicts else "")
         lines.append(f"| {mode}: at least the best peer at every shape | behind at {len(items)}/{len(shapes)}{paired}"
@@ -181,9 +181,9 @@ def behind(result: dict, mode: str, main: str | None = None) -> list[dict]:
     return out
 
 
-def _paired(tie: dict | None, peer: str) -> str:
+def _paired(tie: dict | None) -> str:
     """``"; paired over R rounds −g%, level"``: ``bench ties``' re-run of the shape against the same peer, if any."""
-    if tie is None or tie["peer"] != peer:
+    if tie is None:
         return ""
     return f"; paired over {len(tie['ours'])} rounds {tie['gap']:+.1f}%, {tie['verdict']}"
 

@@ -87,7 +87,7 @@ def markdown(result: dict) -> str:
         return f"{statistics.fmean(v):.3f} ({min(v):.3f}–{max(v):.3f})"
 
     for r in result["rows"]:
-        out.append(f"| {label(r.get('ours_name', 'auto'))} | {r['m']}×{r['n']} | {r['mode']} | {label(r['peer'])} | "
+        out.append(f"| {label(r['ours_name'])} | {r['m']}×{r['n']} | {r['mode']} | {label(r['peer'])} | "
                    f"{r['suite_gap']:+.1f}% | {spread(r['ours'])} | {spread(r['theirs'])} | {r['gap']:+.2f}% | "
                    f"{r['verdict']} |")
     return "\n".join(out) + "\n"
