@@ -167,16 +167,57 @@ def test_backward_heuristic_prefetches_resident_rows():
 
 
 def test_forward_tiles_full_rows_by_the_table():
-    """Full rows of ``FWD_RESIDENT``'s lengths take its tile; padded rows (2304 of 4096, 1536 of 2048) and the other
-    lengths keep the ``TILE_ELEMS`` rule (a warp per 1024 tile elements); 16-bit rows of 5120 columns take the
-    two-pass walk (``tests/test_two_pass.py``), 4-byte ones the rule."""
-    tiles = {n: (c.block_m, c.block_n, c.num_warps) for n in (1024, 1536, 2048, 2304, 3584, 4096, 5120, 8192, 16384)
+    """Full rows of ``FWD_RESIDENT``'s lengths take its tile (the fused add ``FWD_ADD_RESIDENT``'s at 1024; N constant
+    in the plain forward's of exactly 1024 only); padded rows (2304 of 4096, 1536 of 2048) and the other lengths keep the
+    ``TILE_ELEMS`` rule (a warp per 1024 tile elements); 16-bit rows of 5120 columns take the two-pass walk
+    (``tests/test_two_pass.py``), 4-byte ones the rule."""
+    widths = (1000, 1024, 1536, 2048, 2304, 3584, 4096, 5120, 8192, 16384)
+    tiles = {n: (c.block_m, c.block_n, c.num_warps, c.n_const) for n in widths
              for c in [triton_config.forward_config(n, itemsize=4)]}
-    assert tiles == {1024: (4, 1024, 4), 1536: (2, 2048, 4), 2048: (1, 2048, 8), 2304: (1, 4096, 4),
-                     3584: (1, 4096, 8), 4096: (1, 4096, 8), 5120: (1, 8192, 8), 8192: (1, 8192, 16),
-                     16384: (1, 16384, 16)}
-    assert {n: triton_config.forward_config(n) for n in tiles if n != 5120} == {
-        n: triton_config.forward_config(n, itemsize=4) for n in tiles if n != 5120}
+    assert tiles == {1000: (2, 1024, 4, False), 1024: (2, 1024, 4, True), 1536: (2, 2048, 4, False),
+                     2048: (1, 2048, 8, False), 2304: (1, 4096, 4, False), 3584: (1, 4096, 8, False),
+                     4096: (1, 4096, 8, False), 5120: (1, 8192, 8, False), 8192: (1, 8192, 16, False),
+                     16384: (1, 16384, 16, False)}
+    fused = {n: triton_config.forward_config(n, itemsize=4, fused=True) for n in widths}
+    assert fused[1024] == fused[1000] == triton_config.Config(4, 1024, 4, l1_hints=True)
+    assert all(fused[n] == triton_config.forward_config(n, itemsize=4) for n in widths if n > 1024)
+    assert {n: triton_config.forward_config(n) for n in widths if n != 5120} == {
+        n: triton_config.forward_config(n, itemsize=4) for n in widths if n != 5120}
+    with pytest.raises(ValueError, match="n_const is an option of the resident forward"):
+        triton_config.Config(1, 1024, 1, lag=2, n_const=True)
+
+
+@pytest.mark.parametrize("casting", CASTINGS)
+def test_forward_with_the_row_length_constant_keeps_the_bits(casting, monkeypatch):
+    """``n_const`` (N a compile-time constant in the resident forward) meets the rule, ragged (1000 of 1024) and full,
+    the fused add too, and on full rows (nothing masked; the heuristic sets it there only) gives the run-time N's bits
+    (on ragged rows the GPU's sums may differ in the last bit). Broken variant: a constant other than N (1000 for rows
+    of 1024: rows read at the wrong stride, their tails dropped), which the rule fails."""
+    offset = 1.0 if casting == "gemma" else 0.0
+    kw = dict(offset=offset, casting=casting)
+    for n in (1000, 1024):
+        x, w, dy = torch_inputs((5, n), torch.bfloat16, offset, seed=n)
+        r = torch_inputs((5, n), torch.bfloat16, offset, seed=n + 1)[0]
+        runtime = triton_config.Config(2, 1024, 4)
+        const = dataclasses.replace(runtime, n_const=True)
+        for add in ({}, dict(residual=r, h_dtype=torch.bfloat16)):
+            want = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=runtime, **add, **kw)
+            got = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=const, **add, **kw)
+            rows = got[1] if add else x  # the fused add normalises h
+            assert judge(rows, w, dy, (got[0],), eps=1e-6, only=("y",), **kw) == []
+            if n == 1024:
+                assert all(torch.equal(a, b) for a, b in zip(got, want))
+    launch = triton_kernels.triton_launch.launch
+
+    def wrong_constant(key, kernel, grid, args, meta, *, interpret):
+        def broken():
+            m = meta()
+            return {**m, "N_CONST": 1000} if m.get("N_CONST") else m
+        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
+
+    monkeypatch.setattr(triton_kernels.triton_launch, "launch", wrong_constant)
+    y = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=const, **kw)[0]
+    assert judge(x, w, dy, (y,), eps=1e-6, only=("y",), **kw) != []
 
 
 def test_bad_config():

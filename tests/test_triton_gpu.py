@@ -64,3 +64,28 @@ def test_repeated_calls_launch_directly_and_honour_launch_hooks():
     finally:
         knobs.runtime.launch_enter_hook.remove(seen.append)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("casting", ["llama", "gemma"])
+@pytest.mark.parametrize("n", [1000, 1024])
+def test_fused_add_keeps_rms_norm_of_h_bits_on_its_own_tile(n, casting):
+    """At 1024 columns the fused add's forward runs (4, 1024, 4) and ``rms_norm``'s (2, 1024, 4), with N constant on
+    rows of exactly 1024 (``triton_config.FWD_ADD_RESIDENT``, ``FWD_N_CONST``): its y and rstd (which its backward's
+    dweight is built on) are still ``rms_norm(h)``'s bits (8192 rows: a differing sum order shows in a few rows only),
+    ragged rows too. Broken variant: the fused add on one warp (each thread sums 32 elements of a row), whose bits
+    differ."""
+    from torch_bridge import triton_config, triton_kernels
+
+    offset = 1.0 if casting == "gemma" else 0.0
+    kw = dict(offset=offset, casting=casting)
+    x, w, _ = torch_inputs((8192, n), torch.bfloat16, offset, seed=31)
+    r = torch_inputs((8192, n), torch.bfloat16, offset, seed=32)[0]
+    plain, fused = (triton_config.forward_config(n, fused=f) for f in (False, True))
+    assert (plain.block_m, plain.n_const, fused.block_m, fused.n_const) == (2, n == 1024, 4, False)
+    y, h, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, residual=r, h_dtype=torch.bfloat16, **kw)
+    y_h, rstd_h = triton_kernels.rms_norm_fwd(h, w, 1e-6, **kw)
+    assert torch.equal(y, y_h) and torch.equal(rstd, rstd_h)
+    one_warp = triton_config.Config(4, 1024, 1, l1_hints=True)
+    y_b, _, rstd_b = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=one_warp, residual=r, h_dtype=torch.bfloat16,
+                                                 **kw)
+    assert not (torch.equal(y_b, y_h) and torch.equal(rstd_b, rstd_h))

@@ -22,8 +22,20 @@ TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS //
 # rounds in one process (seventeenth session, `python -m bench.fwd_tiles`, bench/results/fwd_tiles_h100.md), TB/s:
 # 4096×2048 (2, 4) 2.42 → 2.49, 32768×2048 2.87 → 2.94, 4096×3584 (1, 4) 2.62 → 2.66, 32768×3584 2.95 → 2.97,
 # 4096×4096 2.62 → 2.65, 32768×4096 2.92 → 2.93, 4096×8192 (1, 8) 2.77 → 2.85, 32768×8192 2.95 → 2.99 (the rule's
-# 1024 and 16384 tiles were the fastest; 4096's best, (2, 16), lost 2% at 3584). The fused add shares the tile.
-FWD_RESIDENT = {2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
+# 1024 and 16384 tiles were the fastest; 4096's best, (2, 16), lost 2% at 3584). The fused add shares the tile but at
+# FWD_ADD_RESIDENT's lengths.
+# Thirty-third session, 1024 columns (probes_h100_2026-11-27_thirtythird.md §1, launched by torch, two rounds): the
+# plain forward on (2, 4) with the row length a compile-time constant (FWD_N_CONST, ``Config.n_const``), the fused
+# add on the rule's (4, 4) (both lay a row over all 128 threads, 8 elements each: the same sum, so the fused add's y
+# and rstd stay rms_norm(h)'s bits). Plain, (4, 4) → (2, 4) with N constant, TB/s: 4096 rows bf16 llama 2.42 → 2.49,
+# gemma 2.33 → 2.40, fp16 2.42 → 2.49 (the Pallas binary 2.48-2.51); 32768 rows level (2.88-2.90). The fused add on
+# (2, 4) loses 1-2% (with N constant 7%), and N constant on (4, 4) moves it by -0.6% to +0.1%.
+FWD_RESIDENT = {1024: (2, 4), 2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
+FWD_ADD_RESIDENT = {1024: (4, 4)}
+# The plain forward's rows of exactly these lengths compiled with N constant. Only there: on rows with masked columns
+# (1000 or 900 of 1024) N constant changed rstd's bits in 2-18% of rows (the compiler sums the masked lanes' zeros
+# otherwise), and the fused add's y would no longer be rms_norm(h)'s bits.
+FWD_N_CONST = frozenset({1024})
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 # The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest
 # programs keeping the most row blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``),
@@ -104,7 +116,8 @@ class Config:
     backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded.
     ``l1_hints`` (the forward without bands): in column chunks of one row per program (``triton_two_pass``) two
     passes, the first loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a
-    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``."""
+    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``. ``n_const`` (the
+    resident forward): the row length a compile-time constant (one compile per N; the mask then only rows')."""
 
     block_m: int
     block_n: int
@@ -118,6 +131,7 @@ class Config:
     prefetch: bool = False
     pieces: bool = False
     l1_hints: bool = False
+    n_const: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -132,11 +146,13 @@ class Config:
             raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
             raise ValueError(f"groups must be an int >= 1, got {self.groups!r}")
-        for flag in ("prefetch", "pieces", "l1_hints"):
+        for flag in ("prefetch", "pieces", "l1_hints", "n_const"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if self.l1_hints and (self.lag or self.pieces):
             raise ValueError(f"l1_hints is an option of the forward without bands (lag=0, no pieces), got {self}")
+        if self.n_const and (self.lag or self.pieces):
+            raise ValueError(f"n_const is an option of the resident forward (lag=0, no pieces), got {self}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -157,15 +173,17 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) 
 
 
 @functools.cache
-def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, m: int = 0) -> Config:
+def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, m: int = 0,
+                   fused: bool = False) -> Config:
     """The Pallas kernels' two-pass tile (``pallas_config.two_pass_tile``, ``l1_hints``) for ``m`` 16-bit rows
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
     ``triton_kernels._output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
-    rows of its lengths, else one warp per 1024 tile elements in the one-pass forward (4 × 16-byte loads per thread for
-    16-bit dtypes; at most 16 warps), one per 512 over column chunks (more loads in flight) for rows beyond
-    ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for
-    float32 compute only). Resident rows take the Pallas kernels' L1 hints (``l1_hints.resident``; the fused add's
-    forward shares the tile)."""
+    rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
+    row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements in the one-pass
+    forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over column chunks (more
+    loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of
+    ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas kernels' L1 hints
+    (``l1_hints.resident``)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
@@ -173,9 +191,11 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         hints = l1_hints.resident(block_n)
-        if block_n in FWD_RESIDENT and pallas_config.full_row(n):
-            block_m, warps = FWD_RESIDENT[block_n]
-            return Config(block_m, block_n, warps, l1_hints=hints)
+        table = {**FWD_RESIDENT, **FWD_ADD_RESIDENT} if fused else FWD_RESIDENT
+        if block_n in table and pallas_config.full_row(n):
+            block_m, warps = table[block_n]
+            n_const = not fused and block_n in FWD_N_CONST and n == block_n  # no column masked: run-time N's bits
+            return Config(block_m, block_n, warps, l1_hints=hints, n_const=n_const)
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         return Config(block_m, block_n, _warps(block_m * block_n, 1024), l1_hints=hints)
     return chunked_forward_config()

@@ -33,14 +33,17 @@ from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _
 def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                CT: tl.constexpr, EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr):
+                CT: tl.constexpr, EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr, N_CONST: tl.constexpr = 0):
     """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
     (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
     again) making two passes over column chunks. HAS_RESIDUAL (the fused add): the row is h = r(x + residual)
     (DT is h's dtype), stored to H; long rows add again in the second pass. LOW: y's product in DT
-    (``_store_y``), the resident row's weight loaded first. EVICT: the resident row's loads' L1 eviction hint."""
+    (``_store_y``), the resident row's weight loaded first. EVICT: the resident row's loads' L1 eviction hint.
+    N_CONST (the resident row): N as a compile-time constant, else 0."""
     cols0 = tl.arange(0, BLOCK_N)
     if not CHUNKED:
+        if N_CONST:  # the row length a compile-time constant (``Config.n_const``)
+            N = N_CONST
         w_low = 0.0
         if LOW:
             w_low = _weight_low(W, cols0, N, offset, CASTING, DT, CT, EMULATE_BF16, EVICT)
@@ -190,7 +193,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     low = _output_in_dtype(weight, row_dtype, offset, casting)
-    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M)
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M, fused)
     if cfg.pieces:
         raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
     if rstd is None:
@@ -215,7 +218,8 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
                          lambda: dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CHUNKED=cfg.chunked(N),
                                       HAS_WEIGHT=weight is not None, HAS_RESIDUAL=fused,
                                       LOW=low, EVICT="evict_last" if cfg.l1_hints else "",
-                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps, **_common(y)),
+                                      CASTING=CASTING_CODES[casting], num_warps=cfg.num_warps,
+                                      N_CONST=N if cfg.n_const and not cfg.chunked(N) else 0, **_common(y)),
                          interpret=INTERPRET)
     return (y, h, rstd) if fused else (y, rstd)
 
