@@ -79,7 +79,7 @@ def markdown(result: dict) -> str:
            "each timed as the suite times them (kernel durations over rotated inputs, L2 settled). TB/s, mean "
            "(min–max); `gap`: the median over rounds of ours / the peer's, −1; `verdict`: behind (ours' best round "
            "below the peer's worst), ahead (the reverse), else level. The suite's targets quote the rows of the "
-           "provider they judge (`impl=None`).", "",
+           "provider they judge (`impl=None`)." + (f" {env['note']}" if env.get("note") else ""), "",
            "| ours | M×N | mode | peer | suite gap | ours' TB/s | peer's TB/s | gap | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]
 
