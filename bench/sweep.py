@@ -162,7 +162,11 @@ def _mosaic_plan(cfg, m: int, n: int, row_bytes: int, itemsize: int, backward: b
 
 
 def _triton_heuristic(n: int, backward: bool) -> triton_config.Config:
-    return (triton_config.backward_config if backward else triton_config.forward_config)(n, backend.num_sms())
+    """The reference's heuristic for llama's 16-bit rows (both directions' ``low``, their products in the row dtype;
+    the forward's default)."""
+    if backward:
+        return triton_config.backward_config(n, backend.num_sms(), False, True)
+    return triton_config.forward_config(n, backend.num_sms())
 
 
 def triton_band_candidates(n: int, backward: bool) -> list[triton_config.Config]:

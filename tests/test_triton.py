@@ -162,14 +162,50 @@ def test_backward_heuristic_prefetches_resident_rows():
              for c in [triton_config.backward_config(n, fused=True)]}
     assert fused == {2304: (False, 4), 5120: (False, 2), 8192: (True, 1)}
     assert triton_config.backward_config(10000).lag
+    resident = triton_config.Config(1, 16384, 16, programs_per_sm=1)  # BWD_RESIDENT_LOW: full rows, plain, low
+    assert triton_config.backward_config(16384, 132, False, True) == triton_config.backward_config(13000, 132, False,
+                                                                                                    True) == resident
+    for n, fused, low in ((16384, False, False), (16384, True, True), (10000, False, True)):
+        assert triton_config.backward_config(n, 132, fused, low).lag
     with pytest.raises(ValueError, match="prefetch"):
         triton_config.Config(block_m=1, block_n=256, num_warps=1, prefetch=1)
 
 
+@pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("none", 1.0)])
+def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monkeypatch):
+    """Where dy and w_eff are both values of the row dtype (``_grad_in_dtype``), the backward's g = r(dy·w_eff) is
+    one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
+    columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
+    it exactly; on the GPU only bfloat16 takes it, ``BWD_LOW_DTYPES``). Broken variant: the same multiply for gemma
+    (its g is the unrounded float32 product, its w_eff = w + 1 not a value of the dtype), which changes dx."""
+    w16 = torch.ones(8, dtype=torch.bfloat16)
+    assert triton_kernels._grad_in_dtype(w16, torch.bfloat16, 0.0, "llama") == (not triton_kernels.INTERPRET)
+    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama")
+    monkeypatch.setattr(triton_kernels, "BWD_LOW_DTYPES", (torch.float16,))
+    configs = (triton_config.Config(1, 16384, 16, programs_per_sm=1), triton_config.Config(2, 512, 2))
+    for n, config in zip((16384, 300), configs):
+        x, w, dy = torch_inputs((5, n), torch.float16, offset, seed=n)
+        kw = dict(offset=offset, casting=casting)
+        y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **kw)
+        low = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
+        with monkeypatch.context() as patch:
+            patch.setattr(triton_kernels, "BWD_LOW_DTYPES", ())
+            wide = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
+        assert all(torch.equal(a, b) for a, b in zip(low, wide))
+        assert judge(x, w, dy, (y, *low), eps=1e-6, **kw) == []
+    x, w, dy = torch_inputs((5, 300), torch.float16, 1.0, seed=3)
+    gemma = dict(offset=1.0, casting="gemma")
+    rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **gemma)[1]
+    want = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=configs[1])
+    monkeypatch.setattr(triton_kernels, "_output_in_dtype", lambda *a: True)
+    broken = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=configs[1])
+    assert not torch.equal(broken[0], want[0])
+
+
 def test_forward_tiles_full_rows_by_the_table():
     """Full rows of ``FWD_RESIDENT``'s lengths take its tile (the fused add ``FWD_ADD_RESIDENT``'s at 1024; N constant
-    in the plain forward's of exactly 1024 only); padded rows (2304 of 4096, 1536 of 2048) and the other lengths keep the
-    ``TILE_ELEMS`` rule (a warp per 1024 tile elements); 16-bit rows of 5120 columns take the two-pass walk
+    in the plain forward's of exactly 1024 only); padded rows (2304 of 4096, 1536 of 2048) and the other lengths keep
+    the ``TILE_ELEMS`` rule (a warp per 1024 tile elements); 16-bit rows of 5120 columns take the two-pass walk
     (``tests/test_two_pass.py``), 4-byte ones the rule."""
     widths = (1000, 1024, 1536, 2048, 2304, 3584, 4096, 5120, 8192, 16384)
     tiles = {n: (c.block_m, c.block_n, c.num_warps, c.n_const) for n in widths

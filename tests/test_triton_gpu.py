@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
     [
         ((32768, 4096), torch.bfloat16, "llama", 0.0),
         ((32768, 4096), torch.bfloat16, "gemma", 1.0),
+        ((4096, 16384), torch.bfloat16, "llama", 0.0),
         ((65536, 2304), torch.bfloat16, "gemma", 1.0),
         ((65536, 2304), torch.float16, "none", 0.0),
         ((1024, 262144), torch.bfloat16, "llama", 0.0),

@@ -67,6 +67,13 @@ BWD_PREFETCH_N = (512, 8192)
 # 2.71 / 2.83 → 2.75 / 2.88, 65536×1024 2.84 / 2.94 → 2.86 / 2.96; at 2048 8 warps stay faster (4096×2048 2.34 / 2.45
 # against 2.28 / 2.42).
 BWD_FEW_WARPS_MAX_N = 1024
+# rms_norm's backward of full rows of these padded lengths, where g = r(dy·w_eff) is one multiply in the row dtype
+# (``low``, ``triton_kernels._grad_in_dtype``: bf16 llama without offset and the weight in the row dtype, or none;
+# w_eff then held as 16-bit values, half the registers): the row held whole, (rows per program, warps) on one program
+# per SM, instead of column bands. Thirty-third session (H100, launched by torch, kernels timed, three rounds;
+# probes_h100_2026-11-27_thirtythird.md §5), bf16 TB/s, bands → (1, 16): 32768×16384 2.53 → 2.86, 4096×16384 2.44
+# → 2.72 (Liger 2.65, 2.39); without the 16-bit multiply the tile spills (128 registers) and reads 2.56 / 2.38.
+BWD_RESIDENT_LOW = {16384: (1, 16)}
 # The resident backward of rows of these widths holds them as their two power-of-two pieces (``Config.pieces``,
 # ``triton_pieces``; 2304 = 2048 + 256 instead of 4096 with 1792 masked lanes) in programs of one row: (warps, programs
 # per SM, prefetch); the Pallas kernels' widths (pallas_config.BWD_PIECES), each with the tile fastest for the plain
@@ -179,11 +186,11 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
     ``triton_kernels._output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
     rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
-    row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements in the one-pass
-    forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over column chunks (more
-    loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns bands for a GPU of
-    ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas kernels' L1 hints
-    (``l1_hints.resident``)."""
+    row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements
+    in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over
+    column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns
+    bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas
+    kernels' L1 hints (``l1_hints.resident``)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
         return bands
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
@@ -207,12 +214,17 @@ def chunked_forward_config() -> Config:
 
 
 @functools.cache
-def backward_config(n: int, sms: int = 132, fused: bool = False) -> Config:
-    """``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
+def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False) -> Config:
+    """``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole on one
+    program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
+    ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    if low and not fused and next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n):
+        block_m, warps = BWD_RESIDENT_LOW[next_pow2(n)]
+        return Config(block_m, next_pow2(n), warps, programs_per_sm=1)
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n in BWD_PIECES:

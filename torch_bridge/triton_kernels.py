@@ -117,7 +117,7 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
                 PREFETCH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
     dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk]; with
@@ -125,13 +125,16 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
     HAS_DH (the fused add's backward, X being h): dx = r(dx_norm + dh_out), dh_out read from DH.
     PREFETCH: the next row block's x, dy and rstd are loaded before the current one's math (in flight meanwhile;
-    the same values, hence the same bits).
+    the same values, hence the same bits). LOW (``_grad_in_dtype``: dy and w_eff both values of DT): g = r(dy ·
+    w_eff) as one multiply in DT, the float32 product's bits, w_eff held as DT (half the registers of float32).
     """
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w_eff = tl.zeros([BLOCK_N], dtype=CT)
-    if HAS_WEIGHT:
+    if LOW:
+        w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+    elif HAS_WEIGHT:
         w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
     if PREFETCH:
@@ -147,9 +150,12 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
         else:
             x, dy, rstd = _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N)
         x = x.to(CT)
+        if NEED_DX and LOW:
+            g = (dy * w_low[None, :]).to(CT)
         dy = dy.to(CT)
         if NEED_DX:
-            g = _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
+            if not LOW:
+                g = _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
             if SINGLE:
                 c = tl.sum(g * x, axis=1) / N
             else:
@@ -180,6 +186,20 @@ def _output_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: fl
     if weight is None or (INTERPRET and dtype == torch.bfloat16):
         return False
     return rowmath.output_in_dtype(casting, offset, weight.dtype == dtype, dtype.itemsize < 4)
+
+
+# The backward's g = r(dy·w_eff) is one multiply in the row dtype (``_output_in_dtype``, ``_bwd_kernel``'s LOW) for
+# these dtypes. Thirty-third session (H100, launched by torch, kernels timed; probes_h100_2026-11-27_thirtythird.md
+# §5-6): bf16 gained at every width measured (4096×1024 +1.6-1.9%, 32768×1024 +0.9-1.0%, 16384 columns on the resident
+# tile it lets fit, ``triton_config.BWD_RESIDENT_LOW``, +11-14%; 2048-8192 -0.4% to +0.2%); float16 in the suite lost
+# 4-5% at 1024 columns and gained 0-4% at 16384 (a paired probe had +7%), so it keeps the float32 product.
+BWD_LOW_DTYPES = (torch.bfloat16,)
+
+
+def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str) -> bool:
+    """Whether the backward of rows of ``dtype`` multiplies g = r(dy·w_eff) in that dtype (``BWD_LOW_DTYPES``,
+    ``_output_in_dtype``: the same bits)."""
+    return dtype in BWD_LOW_DTYPES and _output_in_dtype(weight, dtype, offset, casting)
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
@@ -236,8 +256,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     """
     M, N = custom_ops.rows(x)
     has_dh = dh_out is not None and need_dx
-    # ``fused`` given positionally: functools.cache builds a cheaper key (79 against 168 ns a call on this host)
-    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh)
+    low = _grad_in_dtype(weight, x.dtype, offset, casting)  # g = r(dy·w_eff) one multiply in x's dtype
+    # ``fused`` and ``low`` given positionally: functools.cache builds a cheaper key (79 against 168 ns a call)
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
@@ -272,7 +293,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
-    triton_launch.launch(("bwd", need_dx, need_dweight, *key), triton_pieces.bwd_pieces_kernel if pieces else
+    triton_launch.launch(("bwd", need_dx, need_dweight, low, *key), triton_pieces.bwd_pieces_kernel if pieces else
                          _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
                           cdiv(row_blocks, g), offset),
@@ -283,7 +304,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
                                       CASTING=CASTING_CODES[casting],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
-                                      num_warps=cfg.num_warps, **_common(x)),
+                                      num_warps=cfg.num_warps, **({} if pieces else dict(LOW=low)),
+                                      **_common(x)),
                          interpret=INTERPRET)
     if not need_dweight or direct:
         return dx, dweight
