@@ -24,12 +24,13 @@ TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS //
 # 4096×4096 2.62 → 2.65, 32768×4096 2.92 → 2.93, 4096×8192 (1, 8) 2.77 → 2.85, 32768×8192 2.95 → 2.99 (the rule's
 # 1024 and 16384 tiles were the fastest; 4096's best, (2, 16), lost 2% at 3584). The fused add shares the tile but at
 # FWD_ADD_RESIDENT's lengths.
-# Thirty-third session, 1024 columns (probes_h100_2026-11-27_thirtythird.md §1, launched by torch, two rounds): the
-# plain forward on (2, 4) with the row length a compile-time constant (FWD_N_CONST, ``Config.n_const``), the fused
+# Thirty-third session, 1024 columns (probes_h100_2026-11-27_thirtythird.md §1-3, launched by torch, kernels timed):
+# the plain forward on (2, 4) with the row length a compile-time constant (FWD_N_CONST, ``Config.n_const``), the fused
 # add on the rule's (4, 4) (both lay a row over all 128 threads, 8 elements each: the same sum, so the fused add's y
-# and rstd stay rms_norm(h)'s bits). Plain, (4, 4) → (2, 4) with N constant, TB/s: 4096 rows bf16 llama 2.42 → 2.49,
-# gemma 2.33 → 2.40, fp16 2.42 → 2.49 (the Pallas binary 2.48-2.51); 32768 rows level (2.88-2.90). The fused add on
-# (2, 4) loses 1-2% (with N constant 7%), and N constant on (4, 4) moves it by -0.6% to +0.1%.
+# and rstd stay rms_norm(h)'s bits). Plain, (4, 4) → (2, 4) with N constant, three rounds in one process, TB/s: bf16
+# llama 2048 rows 1.87 → 1.98, 4096 2.45 → 2.50, 8192 2.59 → 2.61, 16384-32768 level; gemma 4096 2.35 → 2.43; fp16
+# 4096 2.42 → 2.50 (the Pallas binary 2.50-2.51). The fused add on (2, 4) loses 1-2% (with N constant 7%), and N
+# constant on (4, 4) moves it by -0.6% to +0.1%.
 FWD_RESIDENT = {1024: (2, 4), 2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
 FWD_ADD_RESIDENT = {1024: (4, 4)}
 # The plain forward's rows of exactly these lengths compiled with N constant. Only there: on rows with masked columns
