@@ -34,8 +34,8 @@ TILE_ELEMS = 4096  # elements per program tile (rows per program = TILE_ELEMS //
 FWD_RESIDENT = {1024: (2, 4), 2048: (1, 8), 4096: (1, 8), 8192: (1, 16)}
 FWD_ADD_RESIDENT = {1024: (4, 4)}
 # The plain forward's rows of exactly these lengths compiled with N constant. Only there: on rows with masked columns
-# (1000 or 900 of 1024) N constant changed rstd's bits in 2-18% of rows (the compiler sums the masked lanes' zeros
-# otherwise), and the fused add's y would no longer be rms_norm(h)'s bits.
+# (1000 or 900 of 1024) N constant changed rstd's bits in 18-25% of rows (the compiled sum differs), and the fused
+# add's y would no longer be rms_norm(h)'s bits.
 FWD_N_CONST = frozenset({1024})
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 # The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest

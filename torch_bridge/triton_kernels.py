@@ -33,7 +33,7 @@ from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _
 def _fwd_kernel(X, R, W, Y, H, RSTD, M, N, n_f, eps, offset, G, ITERS,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKED: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                CT: tl.constexpr, EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr, N_CONST: tl.constexpr = 0):
+                CT: tl.constexpr, EMULATE_BF16: tl.constexpr, EVICT: tl.constexpr, N_CONST: tl.constexpr):
     """BLOCK_M rows per program, one pass over registers; or, for long rows, a persistent grid of G programs
     (program p takes row blocks p, p + G, ...: few rows in flight, so more of each is still in L2 when it is read
     again) making two passes over column chunks. HAS_RESIDUAL (the fused add): the row is h = r(x + residual)
@@ -192,7 +192,8 @@ def _output_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: fl
 # these dtypes. Thirty-third session (H100, launched by torch, kernels timed; probes_h100_2026-11-27_thirtythird.md
 # §5-6): bf16 gained at every width measured (4096×1024 +1.6-1.9%, 32768×1024 +0.9-1.0%, 16384 columns on the resident
 # tile it lets fit, ``triton_config.BWD_RESIDENT_LOW``, +11-14%; 2048-8192 -0.4% to +0.2%); float16 in the suite lost
-# 4-5% at 1024 columns and gained 0-4% at 16384 (a paired probe had +7%), so it keeps the float32 product.
+# 4-5% at 1024 columns and gained 0-4% at 16384 (a paired probe had +7%), so it keeps the float32 product. The fused
+# add's backward keeps it too (not measured with the 16-bit one).
 BWD_LOW_DTYPES = (torch.bfloat16,)
 
 
@@ -256,7 +257,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     """
     M, N = custom_ops.rows(x)
     has_dh = dh_out is not None and need_dx
-    low = _grad_in_dtype(weight, x.dtype, offset, casting)  # g = r(dy·w_eff) one multiply in x's dtype
+    # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
+    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting)
     # ``fused`` and ``low`` given positionally: functools.cache builds a cheaper key (79 against 168 ns a call)
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
