@@ -138,7 +138,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--rounds", type=int, default=None, help="rounds of turns (default: bench.ties.ROUNDS)")
     t.add_argument("--ours", type=lambda v: tuple(v.split(",")), default=None,
                    help="comma-separated providers of ours to pair (default: the one the targets judge, impl=None)")
-    t.add_argument("--out", default="bench/results", help="where the suite run is read and the result written")
+    t.add_argument("--out", default="bench/results", help="where the suite run is read and the result written (an "
+                   "existing result's rows of providers not re-run are kept)")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS, args.ours)
+        earlier = out / f"{ties_stem(table)}.json"  # other providers' rows in it are kept (ties.merge)
+        result = ties.merge(json.loads(earlier.read_text()) if earlier.exists() else None, result)
         return _write(ties, result, out / ties_stem(table))
     if args.command == "sweep":
         from bench import sweep

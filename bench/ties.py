@@ -66,7 +66,23 @@ def run(suite_result: dict, rounds: int = ROUNDS, ours: tuple[str, ...] | None =
         del x, w, dy, fns
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=env["dtype"], casting=env["casting"], copy_tbps=timing.copy_tbps(),
-                                       rounds=rounds), rows=rows)
+                                       rounds=rounds, ours=list(ours or (report.judged(suite_result["rows"]),))),
+                rows=rows)
+
+
+def merge(earlier: dict | None, result: dict) -> dict:
+    """``result`` with the rows of ``earlier`` (the file it replaces) whose provider it did not re-run (not in its
+    env's ``ours``), so that a run with ``--ours triton`` keeps ``auto``'s rows and drops only triton's, stale or not
+    behind any more; the env then says which rows came from the earlier run."""
+    ran = set(result["env"].get("ours", ()))
+    kept = [r for r in (earlier or {}).get("rows", []) if r["ours_name"] not in ran]
+    if not kept:
+        return result
+    env = earlier["env"]
+    names = ", ".join(f"`{n}`" for n in dict.fromkeys(r["ours_name"] for r in kept))
+    note = (f"The rows of {names} come from an earlier run ({env['date']}, copy {env['copy_tbps']:.2f} TB/s"
+            + (f"; {env['note']}" if env.get("note") else "") + ").")
+    return dict(env=dict(result["env"], note=note), rows=kept + result["rows"])
 
 
 def markdown(result: dict) -> str:

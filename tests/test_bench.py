@@ -395,6 +395,32 @@ def test_ties_pair_the_shapes_the_suite_has_behind_and_judge_them_by_overlap():
     assert by_means(ours, theirs) != ties.verdict(ours, theirs)
 
 
+def test_ties_merge_keeps_the_rows_of_providers_not_re_run():
+    """A ``bench ties`` run of some of ours (``--ours triton``) replaces the earlier file's rows of those providers,
+    all of them (a gap closed since leaves no stale row), keeps the others' rows and notes where they came from.
+    Broken variant: a merge that keeps every earlier row, which leaves triton's stale one beside its re-run."""
+    from bench import ties
+
+    row = dict(mode="fwd", m=4096, n=1024, peer="hf_compile", suite_gap=-1.0, ours=[2.0], theirs=[2.1], gap=-4.0,
+               verdict="behind")
+    earlier = dict(env=dict(ENV, rounds=6, copy_tbps=3.01, date="2026-11-26"),
+                   rows=[dict(row, ours_name="auto"), dict(row, ours_name="triton"),
+                         dict(row, ours_name="triton", n=16384, mode="bwd")])
+    result = dict(env=dict(ENV, rounds=6, copy_tbps=3.02, date="2026-11-27", ours=["triton"]),
+                  rows=[dict(row, ours_name="triton", gap=-1.0, verdict="level")])
+    merged = ties.merge(earlier, result)
+    assert [(r["ours_name"], r["n"], r["verdict"]) for r in merged["rows"]] == [("auto", 1024, "behind"),
+                                                                                  ("triton", 1024, "level")]
+    assert merged["env"]["note"] == "The rows of `auto` come from an earlier run (2026-11-26, copy 3.01 TB/s)."
+    assert merged["env"]["note"] in ties.markdown(merged)
+    assert ties.merge(None, result) == result == ties.merge(dict(earlier, rows=earlier["rows"][1:]), result)
+
+    def keep_all(earlier, result):
+        return dict(result, rows=earlier["rows"] + result["rows"])
+
+    assert [r["ours_name"] for r in keep_all(earlier, result)["rows"]].count("triton") != 1
+
+
 def test_targets_quote_the_paired_rerun_of_each_shape_behind(tmp_path):
     """``render`` attaches ``ties_<gpu>_<dtype>_<casting>.json`` from its output folder; each shape the targets find
     behind then quotes its paired re-run (rounds, gap, verdict), and the line counts the verdicts; the mark still
