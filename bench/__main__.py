@@ -11,6 +11,7 @@
     python -m bench ceiling [--out DIR]    # a copy of each shape's bytes beside impl=None's kernels
     python -m bench contention [--out DIR] # the band kernels alone and beside other streams' kernels
     python -m bench ties [--dtype D] [--casting C] [--rounds R] [--ours a,b] [--out DIR]  # where ours trail
+    python -m bench kernels --providers a,b --shapes MxN,... [--dtype D] [--casting C] [--modes m,...] [--out DIR]
     python -m bench render RUN.json [RUN.json ...] [--out DIR]    # re-render (or merge) saved suite runs
     python -m bench summary [--write README.md | --check README.md]   # the README's table, from bench/results
 
@@ -22,7 +23,8 @@ against Liger's and the unfused add, and per-head (q/k) norms. carveout: what XL
 memory, the least L1) costs the same binary. ceiling: what a copy of the same bytes reaches at each shape
 (the suite divides by a 2 GiB copy). contention: the column-band kernels (whose row groups must be co-resident)
 alone and beside other streams' kernels. ties: ours and the best peer again, taking turns over rounds, at each
-shape where the committed suite run has ours behind (the targets quote it). summary: the README's speed table from
+shape where the committed suite run has ours behind (the targets quote it). kernels: each kernel's µs of the
+providers asked, timed as the suite times them. summary: the README's speed table from
 the committed results. Files are named by the GPU they ran on. Measuring without a CUDA GPU (or without torch) says
 so and exits 2; ``render`` and ``summary`` run anywhere.
 """
@@ -36,8 +38,8 @@ import sys
 
 from bench import report, timing
 
-COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "ties", "render",
-            "summary")
+COMMANDS = ("suite", "sweep", "overhead", "step", "fused", "carveout", "ceiling", "contention", "ties", "kernels",
+            "render", "summary")
 
 
 def suite_stem(env: dict) -> str:
@@ -87,6 +89,13 @@ def _write(module, result: dict, stem: pathlib.Path) -> int:
         module.plot(result, stem.with_suffix(".png"))
     print(text)
     return 0
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(text.split(","))
+    if not modes or set(modes) - {"fwd", "bwd", "fwd+bwd"}:
+        raise argparse.ArgumentTypeError(f"modes are comma-separated fwd, bwd, fwd+bwd; got {text!r}")
+    return modes
 
 
 def parser() -> argparse.ArgumentParser:
@@ -140,6 +149,14 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated providers of ours to pair (default: the one the targets judge, impl=None)")
     t.add_argument("--out", default="bench/results", help="where the suite run is read and the result written (an "
                    "existing result's rows of providers not re-run are kept)")
+    k = sub.add_parser("kernels")
+    k.add_argument("--providers", type=lambda v: tuple(v.split(",")), required=True,
+                   help="comma-separated provider names (as the suite's)")
+    k.add_argument("--shapes", type=timing.parse_shapes, required=True, help="comma-separated MxN")
+    k.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    k.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
+    k.add_argument("--modes", type=_modes, default=("fwd", "bwd", "fwd+bwd"), help="comma-separated: fwd, bwd, fwd+bwd")
+    k.add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
     r.add_argument("--out", default="bench/results")
@@ -232,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         earlier = out / f"{ties_stem(table)}.json"  # other providers' rows in it are kept (ties.merge)
         result = ties.merge(json.loads(earlier.read_text()) if earlier.exists() else None, result)
         return _write(ties, result, out / ties_stem(table))
+    if args.command == "kernels":
+        from bench import kernels
+
+        result = kernels.run(args.shapes, args.dtype, args.casting, args.providers, args.modes)
+        tag = "_".join(args.providers).replace("+", "")
+        return _write(kernels, result, out / f"kernels_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_"
+                                             f"{args.casting}_{tag}")
     if args.command == "sweep":
         from bench import sweep
 

@@ -45,7 +45,7 @@ def test_small_call_ratio_is_the_paired_one_when_the_run_has_it(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 @pytest.mark.parametrize("argv", [[], ["sweep", "--quick"], ["overhead"], ["carveout"], ["ceiling"], ["contention"],
-                                  ["ties"]])
+                                  ["ties"], ["kernels", "--providers", "triton", "--shapes", "8x256"]])
 def test_measuring_without_gpu_says_so_and_exits_2(argv, capsys):
     assert bench_cli.main(argv) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
@@ -393,6 +393,27 @@ def test_ties_pair_the_shapes_the_suite_has_behind_and_judge_them_by_overlap():
         return "behind" if sum(a) / len(a) < sum(b) / len(b) else "level"
 
     assert by_means(ours, theirs) != ties.verdict(ours, theirs)
+
+
+def test_kernels_breakdown_lists_each_kernel_per_op_slowest_first():
+    """``bench kernels`` keeps each kernel's µs per op (a call of ``reps`` ops divided by ``reps``), slowest first,
+    and the table shows them beside the TB/s of their sum; ``--modes`` refuses an unknown mode. Broken variant: a
+    breakdown that forgets the division by ``reps`` (a rotated call runs the op ``reps`` times)."""
+    from bench import kernels
+
+    per_call = {"_bwd_kernel": 80.0, "_dweight_reduce_kernel": 20.0, "fill": 4.0}
+    got = kernels.breakdown(per_call, reps=4)
+    assert list(got.items()) == [("_bwd_kernel", 20.0), ("_dweight_reduce_kernel", 5.0), ("fill", 1.0)]
+    assert dict(per_call) != got  # the broken variant: per-call µs
+    row = dict(provider="triton", mode="bwd", m=32768, n=16384, kernels=got, us=26.0, tbps=2.5)
+    text = kernels.markdown(dict(env=dict(ENV, date="2026-11-27"), rows=[row]))
+    assert "| Triton (ours) | 32768×16384 | bwd | 2.500 | 26.00 | `_bwd_kernel` 20.00; `_dweight_reduce_kernel` 5.00; " \
+           "`fill` 1.00 |" in text
+    with pytest.raises(SystemExit):
+        bench_cli.parser().parse_args(["kernels", "--providers", "triton", "--shapes", "8x256", "--modes", "fwd,bw"])
+    args = bench_cli.parser().parse_args(["kernels", "--providers", "triton,liger", "--shapes", "8x256,4x512",
+                                          "--modes", "bwd"])
+    assert (args.providers, args.shapes, args.modes) == (("triton", "liger"), [(8, 256), (4, 512)], ("bwd",))
 
 
 def test_ties_merge_keeps_the_rows_of_providers_not_re_run():
