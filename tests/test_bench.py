@@ -407,8 +407,8 @@ def test_kernels_breakdown_lists_each_kernel_per_op_slowest_first():
     assert dict(per_call) != got  # the broken variant: per-call µs
     row = dict(provider="triton", mode="bwd", m=32768, n=16384, kernels=got, us=26.0, tbps=2.5)
     text = kernels.markdown(dict(env=dict(ENV, date="2026-11-27"), rows=[row]))
-    assert "| Triton (ours) | 32768×16384 | bwd | 2.500 | 26.00 | `_bwd_kernel` 20.00; `_dweight_reduce_kernel` 5.00; " \
-           "`fill` 1.00 |" in text
+    assert ("| Triton (ours) | 32768×16384 | bwd | 2.500 | 26.00 | `_bwd_kernel` 20.00; "
+            "`_dweight_reduce_kernel` 5.00; `fill` 1.00 |") in text
     with pytest.raises(SystemExit):
         bench_cli.parser().parse_args(["kernels", "--providers", "triton", "--shapes", "8x256", "--modes", "fwd,bw"])
     args = bench_cli.parser().parse_args(["kernels", "--providers", "triton,liger", "--shapes", "8x256,4x512",
