@@ -93,7 +93,7 @@ def _write(module, result: dict, stem: pathlib.Path) -> int:
 
 def _modes(text: str) -> tuple[str, ...]:
     modes = tuple(text.split(","))
-    if not modes or set(modes) - {"fwd", "bwd", "fwd+bwd"}:
+    if set(modes) - set(timing.MODES):
         raise argparse.ArgumentTypeError(f"modes are comma-separated fwd, bwd, fwd+bwd; got {text!r}")
     return modes
 
@@ -155,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--shapes", type=timing.parse_shapes, required=True, help="comma-separated MxN")
     k.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     k.add_argument("--casting", default="llama", choices=["llama", "gemma", "none"])
-    k.add_argument("--modes", type=_modes, default=("fwd", "bwd", "fwd+bwd"), help="comma-separated: fwd, bwd, fwd+bwd")
+    k.add_argument("--modes", type=_modes, default=timing.MODES, help="comma-separated: fwd, bwd, fwd+bwd")
     k.add_argument("--out", default="bench/results")
     r = sub.add_parser("render")
     r.add_argument("runs", nargs="+")
@@ -246,14 +246,15 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         result = ties.run(json.loads(suite_run.read_text()), args.rounds or ties.ROUNDS, args.ours)
-        earlier = out / f"{ties_stem(table)}.json"  # other providers' rows in it are kept (ties.merge)
+        stem = out / ties_stem(table)
+        earlier = stem.with_suffix(".json")  # other providers' rows in it are kept (ties.merge)
         result = ties.merge(json.loads(earlier.read_text()) if earlier.exists() else None, result)
-        return _write(ties, result, out / ties_stem(table))
+        return _write(ties, result, stem)
     if args.command == "kernels":
         from bench import kernels
 
         result = kernels.run(args.shapes, args.dtype, args.casting, args.providers, args.modes)
-        tag = "_".join(args.providers).replace("+", "")
+        tag = "_".join(args.providers)
         return _write(kernels, result, out / f"kernels_{timing.gpu_slug(result['env']['gpu'])}_{args.dtype}_"
                                              f"{args.casting}_{tag}")
     if args.command == "sweep":

@@ -1,8 +1,8 @@
 """``python -m bench kernels``: where a provider's time goes, kernel by kernel, timed as the suite times it.
 
 The suite sums every kernel of a call (``timing.time_kernels``); here each kernel's own µs per op is kept
-(``timing.kernel_us``, CUPTI through ``torch.profiler``) for the providers, shapes and modes asked, over the suite's
-rotated inputs and after its settle. It answers "which kernels ran and which one grew" in one call: e.g. whether a
+(``timing.settled_kernel_us``, CUPTI through ``torch.profiler``) for the providers, shapes and modes asked, over the
+suite's rotated inputs and after its settle. It answers "which kernels ran and which one grew" in one call: e.g. whether a
 backward took the resident tile or column bands (their kernel names differ), or what its dweight reduction costs
 beside its main kernel. TB/s are the suite's (``timing.tbps``: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s).
 """
@@ -13,7 +13,6 @@ from bench import timing
 from bench.names import label
 
 ITERS = 20
-MODES = ("fwd", "bwd", "fwd+bwd")
 
 
 def breakdown(kernel_us: dict[str, float], reps: int) -> dict[str, float]:
@@ -21,7 +20,7 @@ def breakdown(kernel_us: dict[str, float], reps: int) -> dict[str, float]:
     return dict(sorted(((name, us / reps) for name, us in kernel_us.items()), key=lambda kv: -kv[1]))
 
 
-def run(shapes, dtype: str, casting: str, providers: tuple[str, ...], modes: tuple[str, ...] = MODES) -> dict:
+def run(shapes, dtype: str, casting: str, providers: tuple[str, ...], modes: tuple[str, ...] = timing.MODES) -> dict:
     """Each provider × shape × mode: its kernels' µs per op and the total's TB/s."""
     import torch
 
@@ -35,9 +34,7 @@ def run(shapes, dtype: str, casting: str, providers: tuple[str, ...], modes: tup
             fns = provider.build(x, w, dy, offset, casting)
             for mode in modes:
                 fn = fns[mode]
-                timing.sync_any(fn())
-                timing.settle()
-                kernels = breakdown(timing.kernel_us(fn, ITERS, timing.sync_any), getattr(fn, "reps", 1))
+                kernels = breakdown(timing.settled_kernel_us(fn, timing.sync_any, ITERS), getattr(fn, "reps", 1))
                 total = sum(kernels.values())
                 rows.append(dict(provider=provider.name, mode=mode, m=m, n=n, kernels=kernels, us=total,
                                  tbps=timing.tbps(mode, m, n, x.element_size(), total * 1e-6)))

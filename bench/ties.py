@@ -37,7 +37,7 @@ def pairs(suite_result: dict, ours: tuple[str, ...] | None = None) -> list[dict]
     """Every mode's shapes where the suite has one of ``ours`` (default: the judged provider, ``report.judged``)
     behind its best peer (``report.behind``), each with ``ours_name``."""
     names = ours or (report.judged(suite_result["rows"]),)
-    return [dict(b, ours_name=name) for name in names for mode in ("fwd", "bwd", "fwd+bwd")
+    return [dict(b, ours_name=name) for name in names for mode in timing.MODES
             for b in report.behind(suite_result, mode, name)]
 
 
@@ -49,8 +49,9 @@ def run(suite_result: dict, rounds: int = ROUNDS, ours: tuple[str, ...] | None =
 
     env = suite_result["env"]
     offset = 1.0 if env["casting"] == "gemma" else 0.0
+    names = ours or (report.judged(suite_result["rows"]),)
     rows = []
-    for b in pairs(suite_result, ours):
+    for b in pairs(suite_result, names):
         m, n, mode, main = b["m"], b["n"], b["mode"], b["ours_name"]
         x, w, dy = timing.inputs(m, n, getattr(torch, env["dtype"]), offset)
         fns = {p.name: p.build(x, w, dy, offset, env["casting"])[mode] for p in providers((main, b["peer"]))}
@@ -66,7 +67,7 @@ def run(suite_result: dict, rounds: int = ROUNDS, ours: tuple[str, ...] | None =
         del x, w, dy, fns
         torch.cuda.empty_cache()
     return dict(env=timing.environment(dtype=env["dtype"], casting=env["casting"], copy_tbps=timing.copy_tbps(),
-                                       rounds=rounds, ours=list(ours or (report.judged(suite_result["rows"]),))),
+                                       rounds=rounds, ours=list(names)),
                 rows=rows)
 
 
@@ -74,7 +75,7 @@ def merge(earlier: dict | None, result: dict) -> dict:
     """``result`` with the rows of ``earlier`` (the file it replaces) whose provider it did not re-run (not in its
     env's ``ours``), so that a run with ``--ours triton`` keeps ``auto``'s rows and drops only triton's, stale or not
     behind any more; the env then says which rows came from the earlier run."""
-    ran = set(result["env"].get("ours", ()))
+    ran = set(result["env"]["ours"])
     kept = [r for r in (earlier or {}).get("rows", []) if r["ours_name"] not in ran]
     if not kept:
         return result

@@ -88,6 +88,13 @@ def settle(nbytes: int = SETTLE_BYTES) -> None:
         torch.cuda.synchronize()
 
 
+def settled_kernel_us(fn: Callable, sync: Callable, iters: int = 20) -> dict[str, float]:
+    """``kernel_us`` of ``fn`` (µs per call of each kernel) after a warm-up call and ``settle``: how the suite times."""
+    sync(fn())
+    settle()
+    return kernel_us(fn, iters, sync)
+
+
 def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     """Seconds per op of ``fn()``'s GPU kernels (``fn.reps`` ops per call): their durations (``kernel_us``) over
     ``iters`` calls, after a warm-up call and ``settle``; ``sync(output)`` waits for them (``sync_any`` for torch and
@@ -96,9 +103,7 @@ def time_kernels(fn: Callable, sync: Callable, iters: int = 20) -> float:
     Not the wall clock of a loop of jitted calls: that read 5-17% below the same kernels' own durations on the
     H100 (host gaps between executables; 2026-11-24, ``docs/benchmarks.md``), while inside a model the norm is one
     op of a large jit (or of a torch graph whose host runs ahead of the GPU)."""
-    sync(fn())
-    settle()
-    us = sum(kernel_us(fn, iters, sync).values())
+    us = sum(settled_kernel_us(fn, sync, iters).values())
     if us <= 0:
         raise RuntimeError("time_kernels: the profiler recorded no GPU kernel (is CUPTI available?)")
     return us * 1e-6 / getattr(fn, "reps", 1)
