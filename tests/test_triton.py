@@ -176,11 +176,16 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     """Where dy and w_eff are both values of the row dtype (``_grad_in_dtype``), the backward's g = r(dy·w_eff) is
     one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
     columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
-    it exactly; on the GPU only bfloat16 takes it, ``BWD_LOW_DTYPES``). Broken variant: the same multiply for gemma
-    (its g is the unrounded float32 product, its w_eff = w + 1 not a value of the dtype), which changes dx."""
+    it exactly; on the GPU bfloat16 takes it at every width, float16 only where the row is then held whole,
+    ``BWD_LOW_RESIDENT_DTYPES``). Broken variant: the same multiply for gemma (its g is the unrounded float32 product,
+    its w_eff = w + 1 not a value of the dtype), which changes dx."""
     w16 = torch.ones(8, dtype=torch.bfloat16)
-    assert triton_kernels._grad_in_dtype(w16, torch.bfloat16, 0.0, "llama") == (not triton_kernels.INTERPRET)
-    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama")
+    on_gpu = not triton_kernels.INTERPRET
+    assert triton_kernels._grad_in_dtype(w16, torch.bfloat16, 0.0, "llama", 1024) == on_gpu
+    assert triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 16384)
+    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 1024)
+    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 9000)  # padded: not held whole
+    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 1.0, "gemma", 16384)
     monkeypatch.setattr(triton_kernels, "BWD_LOW_DTYPES", (torch.float16,))
     configs = (triton_config.Config(1, 16384, 16, programs_per_sm=1), triton_config.Config(2, 512, 2))
     for n, config in zip((16384, 300), configs):
@@ -190,6 +195,7 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
         low = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
         with monkeypatch.context() as patch:
             patch.setattr(triton_kernels, "BWD_LOW_DTYPES", ())
+            patch.setattr(triton_kernels, "BWD_LOW_RESIDENT_DTYPES", ())
             wide = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
         assert all(torch.equal(a, b) for a, b in zip(low, wide))
         assert judge(x, w, dy, (y, *low), eps=1e-6, **kw) == []

@@ -69,11 +69,13 @@ BWD_PREFETCH_N = (512, 8192)
 # against 2.28 / 2.42).
 BWD_FEW_WARPS_MAX_N = 1024
 # rms_norm's backward of full rows of these padded lengths, where g = r(dy·w_eff) is one multiply in the row dtype
-# (``low``, ``triton_kernels._grad_in_dtype``: bf16 llama without offset and the weight in the row dtype, or none;
+# (``low``, ``triton_kernels._grad_in_dtype``: 16-bit llama without offset and the weight in the row dtype, or none;
 # w_eff then held as 16-bit values, half the registers): the row held whole, (rows per program, warps) on one program
 # per SM, instead of column bands. Thirty-third session (H100, launched by torch, kernels timed, three rounds;
 # probes_h100_2026-11-27_thirtythird.md §5), bf16 TB/s, bands → (1, 16): 32768×16384 2.53 → 2.86, 4096×16384 2.44
 # → 2.72 (Liger 2.65, 2.39); without the 16-bit multiply the tile spills (128 registers) and reads 2.56 / 2.38.
+# float16 (thirty-fourth session, probes_h100_2026-11-27_thirtyfourth.md §1): 32768×16384 2.58 → 2.76, 4096×16384
+# 2.47 → 2.63.
 BWD_RESIDENT_LOW = {16384: (1, 16)}
 # The resident backward of rows of these widths holds them as their two power-of-two pieces (``Config.pieces``,
 # ``triton_pieces``; 2304 = 2048 + 256 instead of 4096 with 1792 masked lanes) in programs of one row: (warps, programs
@@ -214,6 +216,12 @@ def chunked_forward_config() -> Config:
     return Config(1, CHUNK_N, _warps(CHUNK_N, 512))
 
 
+def resident_low(n: int) -> bool:
+    """Whether ``rms_norm``'s backward of rows of ``n`` columns holds them whole where g is one multiply in the row
+    dtype (``BWD_RESIDENT_LOW``: full rows of its padded lengths)."""
+    return next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n)
+
+
 @functools.cache
 def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False) -> Config:
     """``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole on one
@@ -223,7 +231,7 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only)."""
-    if low and not fused and next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n):
+    if low and not fused and resident_low(n):
         block_m, warps = BWD_RESIDENT_LOW[next_pow2(n)]
         return Config(block_m, next_pow2(n), warps, programs_per_sm=1)
     if (bands := bands_config(n, sms, backward=True)) is not None:

@@ -191,16 +191,21 @@ def _output_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: fl
 # The backward's g = r(dy·w_eff) is one multiply in the row dtype (``_output_in_dtype``, ``_bwd_kernel``'s LOW) for
 # these dtypes. Thirty-third session (H100, launched by torch, kernels timed; probes_h100_2026-11-27_thirtythird.md
 # §5-6): bf16 gained at every width measured (4096×1024 +1.6-1.9%, 32768×1024 +0.9-1.0%, 16384 columns on the resident
-# tile it lets fit, ``triton_config.BWD_RESIDENT_LOW``, +11-14%; 2048-8192 -0.4% to +0.2%); float16 in the suite lost
-# 4-5% at 1024 columns and gained 0-4% at 16384 (a paired probe had +7%), so it keeps the float32 product. The fused
-# add's backward keeps it too (not measured with the 16-bit one).
+# tile it lets fit, ``triton_config.BWD_RESIDENT_LOW``, +11-14%; 2048-8192 -0.4% to +0.2%). The fused add's backward
+# keeps the float32 product (not measured with the 16-bit one).
 BWD_LOW_DTYPES = (torch.bfloat16,)
+# These dtypes take it only on rows it lets be held whole (``triton_config.resident_low``). Thirty-fourth session
+# (H100, ``bench kernels``-timed, off/on alternating twice in one process; probes_h100_2026-11-27_thirtyfourth.md §1),
+# float16 TB/s off → on: 4096×1024 2.01-2.03 → 1.97, 32768×1024 2.80 → 2.66 (the same ``_bwd_kernel`` tile, 5% slower:
+# unexplained, bf16 gains there), 4096×16384 2.46-2.48 → 2.63, 32768×16384 2.58 → 2.76 (bands → the resident tile).
+BWD_LOW_RESIDENT_DTYPES = (torch.float16,)
 
 
-def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str) -> bool:
-    """Whether the backward of rows of ``dtype`` multiplies g = r(dy·w_eff) in that dtype (``BWD_LOW_DTYPES``,
-    ``_output_in_dtype``: the same bits)."""
-    return dtype in BWD_LOW_DTYPES and _output_in_dtype(weight, dtype, offset, casting)
+def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str, n: int) -> bool:
+    """Whether the backward of rows of ``n`` columns of ``dtype`` multiplies g = r(dy·w_eff) in that dtype
+    (``BWD_LOW_DTYPES``, ``BWD_LOW_RESIDENT_DTYPES``; ``_output_in_dtype``: the same bits)."""
+    taken = dtype in BWD_LOW_DTYPES or (dtype in BWD_LOW_RESIDENT_DTYPES and triton_config.resident_low(n))
+    return taken and _output_in_dtype(weight, dtype, offset, casting)
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
@@ -258,7 +263,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     M, N = custom_ops.rows(x)
     has_dh = dh_out is not None and need_dx
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
-    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting)
+    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N)
     # ``fused`` and ``low`` given positionally: functools.cache builds a cheaper key (79 against 168 ns a call)
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
