@@ -22,7 +22,8 @@ from . import backend, rowmath, triton_ffi
 from .dweight import reduce_dweight
 from .pallas_config import Config, cdiv, pieces_of, register_cap
 from .rounding import rounder
-from .tiles import F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight
+from .tiles import (F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight, _weight_in_dtype, grad_in_dtype,
+                    product_in_dtype)
 
 
 def _spans(config: Config, n: int, chunk) -> list:
@@ -56,13 +57,6 @@ WEIGHT_FIRST_F32_MAX_COLS = 1024
 H_FIRST_MAX_COLS = 1024
 
 
-def product_in_dtype(weight_dtype, dt, casting: str, offset: float) -> bool:
-    """Whether the forward multiplies y's ``n · w_eff`` in the row dtype ``dt`` (``rowmath.output_in_dtype``; without
-    a weight, no)."""
-    return weight_dtype is not None and rowmath.output_in_dtype(
-        casting, offset, jnp.dtype(weight_dtype) == jnp.dtype(dt), jnp.dtype(dt).itemsize < 4)
-
-
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
     """Resident rows: program ``i`` normalises row block ``i``. Long rows: a persistent grid of ``config.programs``
     programs, program ``pid`` taking row blocks pid, pid + programs, ...; each row is walked twice, chunk by
@@ -90,10 +84,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     def weight(cols, cmask):
         """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""
-        if low and casting == "llama":
-            return backend.load(w_ref.at[cols], cmask, eviction=w_hint)[None, :]
-        w_eff = _weight(w_ref, cols, cmask, offset, casting, dt, w_hint)
-        return w_eff.astype(dt) if low else w_eff
+        return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt, w_hint)
 
     def store_h(rows, rmask, k, h32):
         cols, cmask = _span(k * bc, bc, n)
@@ -192,9 +183,11 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     br, programs = config.block_rows, config.programs
     pid = pl.program_id(0)
     spans = _spans(config, n, 0 if s_ref is None else pl.program_id(1))
+    low = grad_in_dtype(None if w_ref is None else w_ref.dtype, dt, casting, offset, fused=has_dh_out)
 
     def weights():
-        return [_weight(w_ref, c, cm, offset, casting, dt) for c, cm in spans]
+        """``w_eff`` per span: float32, or with ``low`` values of ``dt``."""
+        return [(_weight_in_dtype if low else _weight)(w_ref, c, cm, offset, casting, dt) for c, cm in spans]
 
     w_eff = None if config.reload_weight else weights()
 
@@ -215,7 +208,10 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         rstd = tiles[2][:, None]
         if need_dx:
             ws = weights() if config.reload_weight else w_eff
-            g = [rowmath.grad_scale(d, w, casting, rounder(dt)) for d, w in zip(dy32, ws)]
+            if low:  # r(dy·w_eff): one multiply in dt, the float32 product's bits (round_to: kept under XLA too)
+                g = [rounder(dt)((d * w).astype(F32)) for d, w in zip(tiles[1], ws)]
+            else:
+                g = [rowmath.grad_scale(d, w, casting, rounder(dt)) for d, w in zip(dy32, ws)]
             if s_ref is None:
                 sum_gx = None
                 for gp, xp in zip(g, x32):

@@ -1,6 +1,6 @@
 """Tiles of the Triton lowering's kernels (``kernels``, ``bands``, ``dweight``): index spans with their masks, masked
-tile loads, a tile's effective weight and the row's ``rstd``; memory access through ``backend``, row math from
-``rowmath``."""
+tile loads, a tile's effective weight (float32, or values of the row dtype where products are taken in it) and the
+row's ``rstd``; memory access through ``backend``, row math from ``rowmath``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,28 @@ from . import backend, rowmath
 from .rounding import rounder
 
 F32 = jnp.float32
+
+
+def product_in_dtype(weight_dtype, dt, casting: str, offset: float) -> bool:
+    """Whether the forward multiplies y's ``n · w_eff`` in the row dtype ``dt`` (``rowmath.output_in_dtype``; without
+    a weight, no)."""
+    return weight_dtype is not None and rowmath.output_in_dtype(
+        casting, offset, jnp.dtype(weight_dtype) == jnp.dtype(dt), jnp.dtype(dt).itemsize < 4)
+
+
+# rms_norm's backward multiplies g = r(dy·w_eff) in the row dtype where both factors are its values
+# (``product_in_dtype``): one bf16x2/f16x2 multiply per pair, the float32 product's bits. Thirty-fourth session (H100,
+# impl=None from JAX, kernels timed, off/on alternating over four processes; probes_h100_2026-11-27_thirtyfourth.md
+# §2), TB/s off → on: bf16 4096×1024 2.04-2.05 → 2.11, 4096×2048 2.40 → 2.46, 4096×4096 2.66 → 2.68, 4096×8192
+# 2.80 → 2.81, 32768×1024 2.84 → 2.85, 32768×4096 2.96-2.97 → 2.95-2.96; fp16 alike (4096×1024 2.06 → 2.13). The
+# fused add's backward keeps the float32 product: +0.3-0.7% at 1024-2048 columns, -1% at bf16 4096×8192.
+BWD_LOW_DTYPES = ("bfloat16", "float16")
+
+
+def grad_in_dtype(weight_dtype, dt, casting: str, offset: float, fused: bool = False) -> bool:
+    """Whether the backward (of the fused add: ``fused``) multiplies g = r(dy·w_eff) in the row dtype ``dt``
+    (``BWD_LOW_DTYPES``, ``rms_norm``'s only; ``product_in_dtype``: the same bits)."""
+    return not fused and jnp.dtype(dt).name in BWD_LOW_DTYPES and product_in_dtype(weight_dtype, dt, casting, offset)
 
 
 def _span(start, size: int, limit: int):
@@ -43,6 +65,14 @@ def _weight(w_ref, cols, cmask, offset: float, casting: str, dt, eviction: str |
         return None
     w32 = backend.load(w_ref.at[cols], _col_mask(cols, cmask), eviction=eviction).astype(F32)
     return rowmath.effective_weight(w32, F32(offset), casting, rounder(dt))[None, :]
+
+
+def _weight_in_dtype(w_ref, cols, cmask, offset: float, casting: str, dt, eviction: str | None = None):
+    """``w_eff`` over ``cols`` as values of the row dtype ``dt``, a row vector, where ``rowmath.output_in_dtype``
+    holds: llama's weight as stored (no offset), none's ``r(r(w) + offset)``."""
+    if casting == "llama":
+        return backend.load(w_ref.at[cols], _col_mask(cols, cmask), eviction=eviction)[None, :]
+    return _weight(w_ref, cols, cmask, offset, casting, dt, eviction).astype(dt)
 
 
 def _rstd(sumsq, n: int, eps: float):

@@ -1,5 +1,6 @@
 """The forward's ``y = r(n · w_eff)`` multiplied in the input dtype where both factors are values of it
-(``rowmath.output_in_dtype``, both stacks): the same bits as the float32 product, on CPU and compiled."""
+(``rowmath.output_in_dtype``, both stacks), and the Pallas backward's ``g = r(dy · w_eff)`` likewise
+(``tiles.grad_in_dtype``): the same bits as the float32 product, on CPU and compiled."""
 
 from __future__ import annotations
 
@@ -79,6 +80,55 @@ def test_gpu_same_bits_as_the_float32_product(m, n, dt, casting, monkeypatch):
     wide = _outputs(x, r, w, monkeypatch, lambda *a: False, KERNEL, casting=casting, config=config)
     for a, b in zip(low, wide):
         assert_same_bits(a, b)
+
+
+def _grads(x, w, dy, monkeypatch, dtypes, impl, grad_rule=None, **kw):
+    """``rms_norm``'s ``(dx, dweight)`` with g multiplied in the row dtype for ``dtypes`` (``tiles.BWD_LOW_DTYPES``;
+    ``grad_rule`` replaces ``grad_in_dtype``), kernels traced afresh."""
+    from pallas_norm import kernels, tiles
+
+    monkeypatch.setattr(tiles, "BWD_LOW_DTYPES", dtypes)
+    monkeypatch.setattr(kernels, "grad_in_dtype", grad_rule or tiles.grad_in_dtype)
+    jax.clear_caches()
+    return jax.vjp(lambda a, b: pn.rms_norm(a, b, impl=impl, **kw), x, w)[1](dy)
+
+
+BWD_CASES = [((37, 1000), BF16, BF16, "llama", 0.0, None), ((37, 1000), F16, F16, "llama", 0.0, None),
+             ((20, 640), BF16, F32, "none", 1.0, None), ((9, 2304), BF16, BF16, "llama", 0.0, None),  # pieces
+             ((37, 1000), F16, F16, "llama", 0.0, Config(1, 128, 1))]  # column chunks
+
+
+@pytest.mark.parametrize("case", range(len(BWD_CASES)))
+def test_backward_same_bits_as_the_float32_product(case, monkeypatch):
+    """The backward's g = r(dy·w_eff) as one multiply in the row dtype (round_to keeps its rounding under XLA's
+    excess precision): the float32 product's dx and dweight bits (resident rows, pieces, column chunks). Broken
+    variant: the multiply forced for gemma (``w + 1`` rounded, g rounded) changes dx."""
+    shape, dt, wdt, casting, offset, config = BWD_CASES[case]
+    x, w, dy = jax_inputs(shape, dt, offset, weight_dtype=wdt, seed=case, scale=3.0)
+    kw = dict(casting=casting, offset=offset, bwd_config=config)
+    from pallas_norm import tiles
+
+    assert tiles.grad_in_dtype(wdt, dt, casting, offset) and not tiles.grad_in_dtype(wdt, dt, casting, offset, True)
+    low = _grads(x, w, dy, monkeypatch, ("bfloat16", "float16"), "interpret", **kw)
+    wide = _grads(x, w, dy, monkeypatch, (), "interpret", **kw)
+    assert_same_bits((None, *low), (None, *wide))
+    if case == 0:
+        bad = dict(casting="gemma", offset=1.0)
+        forced = _grads(x, w, dy, monkeypatch, (), "interpret", grad_rule=lambda *a, **k: True, **bad)[0]
+        right = _grads(x, w, dy, monkeypatch, (), "interpret", **bad)[0]
+        assert not np.array_equal(np.asarray(forced, np.float32), np.asarray(right, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,dt,casting", [(4096, 1024, BF16, "llama"), (4099, 2304, F16, "llama"),
+                                            (1000, 8192, BF16, "none"), (300, 4096, F16, "llama")])
+def test_gpu_backward_same_bits_as_the_float32_product(m, n, dt, casting, monkeypatch):
+    """Compiled (the GPU's bf16x2/f16x2 multiply): the backward's dx and dweight keep the float32 product's bits on
+    the heuristic's tile."""
+    x, w, dy = jax_inputs((m, n), dt, seed=n, scale=3.0)
+    low = _grads(x, w, dy, monkeypatch, ("bfloat16", "float16"), KERNEL, casting=casting)
+    wide = _grads(x, w, dy, monkeypatch, (), KERNEL, casting=casting)
+    assert_same_bits((None, *low), (None, *wide))
 
 
 def _triton_outputs(x, r, w, monkeypatch, rule, config=None, **kw):
