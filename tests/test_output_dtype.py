@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pallas_norm as pn
-from pallas_norm import pallas_config, rowmath
+from pallas_norm import kernels, pallas_config, rowmath, tiles
 from pallas_norm.pallas_config import Config
 from pallas_norm.rowmath import output_in_dtype
 
@@ -85,8 +85,6 @@ def test_gpu_same_bits_as_the_float32_product(m, n, dt, casting, monkeypatch):
 def _grads(x, w, dy, monkeypatch, dtypes, impl, grad_rule=None, **kw):
     """``rms_norm``'s ``(dx, dweight)`` with g multiplied in the row dtype for ``dtypes`` (``tiles.BWD_LOW_DTYPES``;
     ``grad_rule`` replaces ``grad_in_dtype``), kernels traced afresh."""
-    from pallas_norm import kernels, tiles
-
     monkeypatch.setattr(tiles, "BWD_LOW_DTYPES", dtypes)
     monkeypatch.setattr(kernels, "grad_in_dtype", grad_rule or tiles.grad_in_dtype)
     jax.clear_caches()
@@ -106,8 +104,6 @@ def test_backward_same_bits_as_the_float32_product(case, monkeypatch):
     shape, dt, wdt, casting, offset, config = BWD_CASES[case]
     x, w, dy = jax_inputs(shape, dt, offset, weight_dtype=wdt, seed=case, scale=3.0)
     kw = dict(casting=casting, offset=offset, bwd_config=config)
-    from pallas_norm import tiles
-
     assert tiles.grad_in_dtype(wdt, dt, casting, offset) and not tiles.grad_in_dtype(wdt, dt, casting, offset, True)
     low = _grads(x, w, dy, monkeypatch, ("bfloat16", "float16"), "interpret", **kw)
     wide = _grads(x, w, dy, monkeypatch, (), "interpret", **kw)
@@ -186,8 +182,6 @@ def test_the_weight_is_loaded_first_at_short_rows_in_float32_too(monkeypatch):
     float32 product (gemma) up to ``kernels.WEIGHT_FIRST_F32_MAX_COLS`` (1024: 4096×1024 2.37 → 2.43 TB/s on the
     H100), after the row's sum beyond. The bits are the same either way (the rest of this file, the GPU tests).
     Broken variant: the threshold at 0 loads gemma's weight last."""
-    from pallas_norm import kernels
-
     assert _weight_loaded_before_the_sum(1000, "llama", 0.0) and _weight_loaded_before_the_sum(2000, "llama", 0.0)
     assert _weight_loaded_before_the_sum(1000, "gemma", 1.0) and not _weight_loaded_before_the_sum(2000, "gemma", 1.0)
     monkeypatch.setattr(kernels, "WEIGHT_FIRST_F32_MAX_COLS", 0)
