@@ -58,7 +58,7 @@ def run(shapes=SHAPES) -> dict:
 def markdown(result: dict) -> str:
     env = result["env"]
     out = [f"# One binary, two launchers: {env['gpu']}, bfloat16, casting=llama", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · copy "
+           f"{timing.versions(env)} · copy "
            f"{env['copy_tbps']:.2f} TB/s (this run). Made by `python -m bench carveout`; TB/s from the kernels' own "
            "durations (the Triton lowering's heuristic config; bytes fwd 2·M·N·s, bwd 3·M·N·s).", "",
            "| mode | M×N | " + " | ".join(label for _, label in COLUMNS) + " | JAX vs torch default |",

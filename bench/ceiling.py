@@ -69,7 +69,7 @@ def markdown(result: dict) -> str:
     env = result["env"]
     big = env["copy_tbps"]
     out = [f"# The copy ceiling at each shape's size: {env['gpu']}, bfloat16, casting=llama", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · copy of 2 GiB "
+           f"{timing.versions(env)} · copy of 2 GiB "
            f"{big:.2f} TB/s (this run, the suite's ceiling). Made by `python -m bench ceiling`. `copy`: a torch "
            "`copy_` moving the norm's bytes (fwd M·N·s each way, bwd 1.5·M·N·s each way), its kernels timed over "
            "rotated buffers as the suite times JAX providers; `ours`: `rms_norm(impl=None)` in JAX, timed the same "

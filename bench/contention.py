@@ -91,7 +91,7 @@ def markdown(result: dict) -> str:
     env = result["env"]
     heads = " | ".join("alone" if k == 0 else f"beside {k}" for k in result["sleepers"])
     out = [f"# Band kernels beside other streams' work: {env['gpu']}, bfloat16, casting=llama", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · copy "
+           f"{timing.versions(env)} · copy "
            f"{env['copy_tbps']:.2f} TB/s. Made by `python -m bench contention`. TB/s of each stack's band kernels "
            f"(the heuristics' layout) alone and beside k one-thread kernels on other streams (each holding one "
            f"program slot), with the grid the heuristics launch ({result['spare']} slots left free) and with every "

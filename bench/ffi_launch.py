@@ -84,7 +84,7 @@ def markdown(result: dict) -> str:
     names = list(next(iter(groups.values()))) if groups else []
     fmt = lambda vs: "err" if None in vs else " / ".join(f"{v:.3f}" for v in vs)  # noqa: E731
     out = [f"# The resident forward launched by XLA or by jaxlib's Triton call: {env['gpu']}, bf16, casting=llama", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
+           f"{timing.versions(env)}. Made by "
            "`python -m bench.ffi_launch`: TB/s (round 1 / round 2) by the kernels' own durations over rotated inputs, "
            "from JAX. A tile is (rows per program, warps); `XLA`: the `pallas_call` launched by XLA (which asks the "
            "most shared memory, the least L1, of every kernel using any); `jaxlib`: the same Triton IR compiled by "

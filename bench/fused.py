@@ -130,7 +130,7 @@ def run(quick: bool = False) -> dict:
 def markdown(result: dict) -> str:
     env = result["env"]
     out = [f"# Fused residual add + RMSNorm, and per-head norms, on {env['gpu']}", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']} · bf16, llama casting; "
+           f"{timing.versions(env)} · bf16, llama casting; "
            f"copy {env['copy_tbps']:.2f} TB/s. Made by `python -m bench fused`. TB/s (% of copy); fused bytes "
            "4·M·N·2 per direction, per-head 2 (fwd) and 3 (bwd) · M·N·2.", ""]
     for table, title in (("fused", "Fused add: (y, h) = norm(x + residual)"), ("heads", "Per-head norms (rows × D)")):

@@ -100,7 +100,7 @@ def run(shapes=SHAPES, kernels=KERNELS) -> dict:
 def markdown(result: dict) -> str:
     env, rows = result["env"], result["rows"]
     out = [f"# The resident forward's tile: {env['gpu']}, bf16, casting=llama", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
+           f"{timing.versions(env)}. Made by "
            "`python -m bench.fwd_tiles`: TB/s by the kernels' own durations over rotated inputs, two rounds (the "
            "second in reverse order) in one process; `pallas` and `pallas_add` (the fused add's forward, 4·M·N·2 bytes) "
            "from JAX, `triton` (the Triton reference) from torch. A tile is (rows per program, warps); the fastest is by "

@@ -15,6 +15,8 @@ import json
 import math
 import pathlib
 
+from bench import timing
+
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cpu_op", "user_annotation")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -87,7 +89,7 @@ def markdown(name: str, summary: dict) -> str:
 def report(paths, env: dict) -> str:
     """The Markdown report of several traces (one section each) on the GPU and versions of ``env``."""
     head = [f"# Where the GPU waits in one training step, {env['gpu']}", "",
-            f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by `python -m "
+            f"{timing.versions(env)}. Made by `python -m "
             "bench step --trace` (one step per provider after a warm-up step, traced by torch.profiler; the step "
             "starts after a sync, as every traced step does).", ""]
     sections = [markdown(pathlib.Path(p).name.split(".")[0], idle(load(p))) for p in paths]

@@ -2,9 +2,9 @@
 
 The suite sums every kernel of a call (``timing.time_kernels``); here each kernel's own µs per op is kept
 (``timing.settled_kernel_us``, CUPTI through ``torch.profiler``) for the providers, shapes and modes asked, over the
-suite's rotated inputs and after its settle. It answers "which kernels ran and which one grew" in one call: e.g. whether a
-backward took the resident tile or column bands (their kernel names differ), or what its dweight reduction costs
-beside its main kernel. TB/s are the suite's (``timing.tbps``: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s).
+suite's rotated inputs and after its settle. It answers "which kernels ran and which one grew" in one call: e.g.
+whether a backward took the resident tile or column bands (their kernel names differ), or what its dweight reduction
+costs beside its main kernel. TB/s are the suite's (``timing.tbps``: fwd 2·M·N·s, bwd 3·M·N·s, fwd+bwd 5·M·N·s).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run(shapes, dtype: str, casting: str, providers: tuple[str, ...], modes: tup
 def markdown(result: dict) -> str:
     env = result["env"]
     out = [f"# Kernels per op: {env['gpu']}, {env['dtype']}, casting={env['casting']}", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by `python -m "
+           f"{timing.versions(env)}. Made by `python -m "
            f"bench kernels`: each kernel's own µs per op (CUPTI, {ITERS} calls over the suite's rotated inputs, L2 "
            "settled), slowest first; TB/s of their sum, as the suite counts bytes.", "",
            "| provider | M×N | mode | TB/s | µs | kernels (µs) |", "|---|---|---|---|---|---|"]

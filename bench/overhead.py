@@ -157,7 +157,7 @@ def markdown(result: dict) -> str:
     env, small, large = result["env"], result["small"], result["large"]
     ref = small[REFERENCE]
     out = [f"# Torch bridge: small- and large-call cost on {env['gpu']}", "",
-           f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}. Made by "
+           f"{timing.versions(env)}. Made by "
            f"`python -m bench overhead` ({result['calls']} back-to-back calls per loop for the small call; the torch "
            "providers' loops take turns, median of 9 rounds"
            + ("; × torch: the median over rounds of the ratio within a round" if "fwd paired" in ref else "")

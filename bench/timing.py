@@ -263,6 +263,11 @@ def environment(**extra) -> dict:
                 triton=triton.__version__, date=str(datetime.date.today()), **extra)
 
 
+def versions(env: dict) -> str:
+    """``"date · jax … · torch … · triton …"``: the line every bench table opens with, from ``environment``'s dict."""
+    return f"{env['date']} · jax {env['jax']} · torch {env['torch']} · triton {env['triton']}"
+
+
 def gpu_slug(gpu: str) -> str:
     """A file-name part for a GPU name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"."""
     words = re.sub(r"^nvidia\s+", "", gpu.strip().lower()).split()

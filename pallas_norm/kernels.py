@@ -208,10 +208,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         rstd = tiles[2][:, None]
         if need_dx:
             ws = weights() if config.reload_weight else w_eff
-            if low:  # r(dy·w_eff): one multiply in dt, the float32 product's bits (round_to: kept under XLA too)
-                g = [rounder(dt)((d * w).astype(F32)) for d, w in zip(tiles[1], ws)]
-            else:
-                g = [rowmath.grad_scale(d, w, casting, rounder(dt)) for d, w in zip(dy32, ws)]
+            # low: dy and w_eff in dt, so r(dy·w_eff) is one multiply in dt, widened (round_to: kept under XLA too)
+            dys, r = (tiles[1], lambda v: rounder(dt)(v.astype(F32))) if low else (dy32, rounder(dt))
+            g = [rowmath.grad_scale(d, w, casting, r) for d, w in zip(dys, ws)]
             if s_ref is None:
                 sum_gx = None
                 for gp, xp in zip(g, x32):

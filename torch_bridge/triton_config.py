@@ -216,6 +216,7 @@ def chunked_forward_config() -> Config:
     return Config(1, CHUNK_N, _warps(CHUNK_N, 512))
 
 
+@functools.cache
 def resident_low(n: int) -> bool:
     """Whether ``rms_norm``'s backward of rows of ``n`` columns holds them whole where g is one multiply in the row
     dtype (``BWD_RESIDENT_LOW``: full rows of its padded lengths)."""
