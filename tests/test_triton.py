@@ -225,41 +225,6 @@ def test_forward_tiles_full_rows_by_the_table():
     assert all(fused[n] == triton_config.forward_config(n, itemsize=4) for n in widths if n > 1024)
     assert {n: triton_config.forward_config(n) for n in widths if n != 5120} == {
         n: triton_config.forward_config(n, itemsize=4) for n in widths if n != 5120}
-    with pytest.raises(ValueError, match="n_const is an option of the resident forward"):
-        triton_config.Config(1, 1024, 1, lag=2, n_const=True)
-
-
-@pytest.mark.parametrize("casting", CASTINGS)
-def test_forward_with_the_row_length_constant_keeps_the_bits(casting, monkeypatch):
-    """``n_const`` (N a compile-time constant in the resident forward) meets the rule, ragged (1000 of 1024) and full,
-    the fused add too, and on full rows (nothing masked; the heuristic sets it there only) gives the run-time N's bits
-    (on ragged rows the GPU's sums may differ in the last bit). Broken variant: a constant other than N (1000 for rows
-    of 1024: rows read at the wrong stride, their tails dropped), which the rule fails."""
-    offset = 1.0 if casting == "gemma" else 0.0
-    kw = dict(offset=offset, casting=casting)
-    for n in (1000, 1024):
-        x, w, dy = torch_inputs((5, n), torch.bfloat16, offset, seed=n)
-        r = torch_inputs((5, n), torch.bfloat16, offset, seed=n + 1)[0]
-        runtime = triton_config.Config(2, 1024, 4)
-        const = dataclasses.replace(runtime, n_const=True)
-        for add in ({}, dict(residual=r, h_dtype=torch.bfloat16)):
-            want = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=runtime, **add, **kw)
-            got = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=const, **add, **kw)
-            rows = got[1] if add else x  # the fused add normalises h
-            assert judge(rows, w, dy, (got[0],), eps=1e-6, only=("y",), **kw) == []
-            if n == 1024:
-                assert all(torch.equal(a, b) for a, b in zip(got, want))
-    launch = triton_kernels.triton_launch.launch
-
-    def wrong_constant(key, kernel, grid, args, meta, *, interpret):
-        def broken():
-            m = meta()
-            return {**m, "N_CONST": 1000} if m.get("N_CONST") else m
-        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
-
-    monkeypatch.setattr(triton_kernels.triton_launch, "launch", wrong_constant)
-    y = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=const, **kw)[0]
-    assert judge(x, w, dy, (y,), eps=1e-6, only=("y",), **kw) != []
 
 
 def test_bad_config():

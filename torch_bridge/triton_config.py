@@ -77,6 +77,16 @@ BWD_FEW_WARPS_MAX_N = 1024
 # float16 (thirty-fourth session, probes_h100_2026-11-27_thirtyfourth.md §1): 32768×16384 2.58 → 2.76, 4096×16384
 # 2.47 → 2.63.
 BWD_RESIDENT_LOW = {16384: (1, 16)}
+# rms_norm's resident backward (not the fused add's, not the pieces) of full rows of these lengths, up to this many
+# rows (None: any), compiles with N a compile-time constant (``Config.n_const``, as the forward's FWD_N_CONST): a power
+# of two, so ``sum(g·x) / N`` and the masks keep their bits (dx and dweight digests equal off and on at every shape
+# measured). Thirty-fifth session (H100, launched by torch, kernels timed, three rounds alternating in one process;
+# probes_h100_2026-11-27_thirtyfifth.md §3), TB/s off → on: bf16 llama 4096×2048 2.27 → 2.43 (its main kernel 19.86
+# → 18.54 µs, the Pallas binary's 18.66: the previous session's 7% gap), 8192×2048 +4.3%, 16384×2048 +3.4%, but
+# 32768×2048 2.81 → 2.75 (-2.0 to -2.6%): hence the row limit; 4096×1024 +1.2% (bf16, fp16, gemma), 32768×1024 +0.1
+# to +0.5%; fp16 and gemma at 2048 level. 4096-16384 columns level (±0.7%): not taken. The fused add's backward
+# loses with it (4096×1024 -5.0%, 2048 -0.3%).
+BWD_N_CONST = {1024: None, 2048: 16384}
 # The resident backward of rows of these widths holds them as their two power-of-two pieces (``Config.pieces``,
 # ``triton_pieces``; 2304 = 2048 + 256 instead of 4096 with 1792 masked lanes) in programs of one row: (warps, programs
 # per SM, prefetch); the Pallas kernels' widths (pallas_config.BWD_PIECES), each with the tile fastest for the plain
@@ -126,8 +136,9 @@ class Config:
     backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded.
     ``l1_hints`` (the forward without bands): in column chunks of one row per program (``triton_two_pass``) two
     passes, the first loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a
-    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``. ``n_const`` (the
-    resident forward): the row length a compile-time constant (one compile per N; the mask then only rows')."""
+    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``. ``n_const`` (a row held
+    whole, without bands or pieces; the forward's and the backward's): the row length a compile-time constant (one
+    compile per N; the mask then only rows')."""
 
     block_m: int
     block_n: int
@@ -162,7 +173,8 @@ class Config:
         if self.l1_hints and (self.lag or self.pieces):
             raise ValueError(f"l1_hints is an option of the forward without bands (lag=0, no pieces), got {self}")
         if self.n_const and (self.lag or self.pieces):
-            raise ValueError(f"n_const is an option of the resident forward (lag=0, no pieces), got {self}")
+            raise ValueError(f"n_const is an option of rows held whole without bands or pieces (lag=0, no pieces), "
+                             f"got {self}")
 
     def chunked(self, n: int) -> bool:
         return self.block_n < n
@@ -224,17 +236,19 @@ def resident_low(n: int) -> bool:
 
 
 @functools.cache
-def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False) -> Config:
+def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0) -> Config:
     """``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole on one
     program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
-    of ``sms`` SMs (the launcher uses them for float32 compute only)."""
+    of ``sms`` SMs (the launcher uses them for float32 compute only). ``rms_norm``'s backward of ``m`` rows (0: few)
+    held whole at exactly ``BWD_N_CONST``'s lengths compiles with N a compile-time constant."""
+    n_const = not fused and n in BWD_N_CONST and (BWD_N_CONST[n] is None or m <= BWD_N_CONST[n])  # run-time N's bits
     if low and not fused and resident_low(n):
         block_m, warps = BWD_RESIDENT_LOW[next_pow2(n)]
-        return Config(block_m, next_pow2(n), warps, programs_per_sm=1)
+        return Config(block_m, next_pow2(n), warps, programs_per_sm=1, n_const=n_const)
     if (bands := bands_config(n, sms, backward=True)) is not None:
         return bands
     if n in BWD_PIECES:
@@ -248,7 +262,7 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
         lo, hi = BWD_PREFETCH_N
         per_warp = 1024 if lo <= block_n <= BWD_FEW_WARPS_MAX_N else 512
         return Config(block_m, block_n, _warps(block_m * block_n, per_warp), prefetch=lo <= block_n <= hi,
-                      programs_per_sm=1 if block_n == hi else BWD_PROGRAMS_PER_SM)
+                      programs_per_sm=1 if block_n == hi else BWD_PROGRAMS_PER_SM, n_const=n_const)
     return chunked_backward_config()
 
 

@@ -117,7 +117,7 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
                 PREFETCH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr):
+                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr, N_CONST: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
     dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk]; with
@@ -127,7 +127,10 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     PREFETCH: the next row block's x, dy and rstd are loaded before the current one's math (in flight meanwhile;
     the same values, hence the same bits). LOW (``_grad_in_dtype``: dy and w_eff both values of DT): g = r(dy ·
     w_eff) as one multiply in DT, the float32 product's bits, w_eff held as DT (half the registers of float32).
+    N_CONST (a full row held whole): N as a compile-time constant, else 0.
     """
+    if N_CONST:  # the row length a compile-time constant (``Config.n_const``)
+        N = N_CONST
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -265,7 +268,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
     low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N)
     # ``fused`` and ``low`` given positionally: functools.cache builds a cheaper key (79 against 168 ns a call)
-    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low)
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
@@ -311,7 +314,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
                                       CASTING=CASTING_CODES[casting],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
-                                      num_warps=cfg.num_warps, **({} if pieces else dict(LOW=low)),
+                                      num_warps=cfg.num_warps,
+                                      **({} if pieces else dict(LOW=low, N_CONST=N if cfg.n_const and not chunked
+                                                                else 0)),
                                       **_common(x)),
                          interpret=INTERPRET)
     if not need_dweight or direct:
