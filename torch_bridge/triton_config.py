@@ -235,17 +235,24 @@ def resident_low(n: int) -> bool:
     return next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n)
 
 
-@functools.cache
 def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0) -> Config:
+    """``_backward_config`` for a backward of ``m`` rows (0: few): N a compile-time constant in ``rms_norm``'s backward
+    (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the cache's key takes that, not ``m``,
+    so that varying batch sizes do not grow it)."""
+    limit = -1 if fused else BWD_N_CONST.get(n, -1)
+    return _backward_config(n, sms, fused, low, limit is None or m <= limit)
+
+
+@functools.cache
+def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool) -> Config:
     """``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole on one
     program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
-    of ``sms`` SMs (the launcher uses them for float32 compute only). ``rms_norm``'s backward of ``m`` rows (0: few)
-    held whole at exactly ``BWD_N_CONST``'s lengths compiles with N a compile-time constant."""
-    n_const = not fused and n in BWD_N_CONST and (BWD_N_CONST[n] is None or m <= BWD_N_CONST[n])  # run-time N's bits
+    of ``sms`` SMs (the launcher uses them for float32 compute only). ``n_const``: rows held whole (not as pieces)
+    compile with N a compile-time constant."""
     if low and not fused and resident_low(n):
         block_m, warps = BWD_RESIDENT_LOW[next_pow2(n)]
         return Config(block_m, next_pow2(n), warps, programs_per_sm=1, n_const=n_const)
