@@ -176,8 +176,8 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     """Where dy and w_eff are both values of the row dtype (``_grad_in_dtype``), the backward's g = r(dy·w_eff) is
     one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
     columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
-    it exactly; on the GPU bfloat16 takes it at every width, float16 only where the row is then held whole,
-    ``BWD_LOW_RESIDENT_DTYPES``). Broken variant: the same multiply for gemma (its g is the unrounded float32 product,
+    it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows, ``BWD_LOW_MAX_ROWS``;
+    float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``). Broken variant: the same multiply for gemma (its g is the unrounded float32 product,
     its w_eff = w + 1 not a value of the dtype), which changes dx."""
     w16 = torch.ones(8, dtype=torch.bfloat16)
     on_gpu = not triton_kernels.INTERPRET
@@ -187,6 +187,9 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 9000)  # padded: not held whole
     assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 1.0, "gemma", 16384)
     monkeypatch.setattr(triton_kernels, "BWD_LOW_DTYPES", (torch.float16,))
+    rows = {(n, m) for n in (1024, 2048) for m in (0, 16384, 32768)
+            if triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", n, m)}
+    assert rows == {(1024, 0), (1024, 16384), (1024, 32768), (2048, 0), (2048, 16384)}  # BWD_LOW_MAX_ROWS
     configs = (triton_config.Config(1, 16384, 16, programs_per_sm=1), triton_config.Config(2, 512, 2))
     for n, config in zip((16384, 300), configs):
         x, w, dy = torch_inputs((5, n), torch.float16, offset, seed=n)

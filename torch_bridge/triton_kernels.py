@@ -202,13 +202,20 @@ BWD_LOW_DTYPES = (torch.bfloat16,)
 # float16 TB/s off → on: 4096×1024 2.01-2.03 → 1.97, 32768×1024 2.80 → 2.66 (the same ``_bwd_kernel`` tile, 5% slower:
 # unexplained, bf16 gains there), 4096×16384 2.46-2.48 → 2.63, 32768×16384 2.58 → 2.76 (bands → the resident tile).
 BWD_LOW_RESIDENT_DTYPES = (torch.float16,)
+# Rows of these lengths take it up to this many rows only. Thirty-fifth session (H100, bf16, kernels timed, three
+# rounds alternating in one process, under BWD_N_CONST; probes_h100_2026-11-27_thirtyfifth.md §4), TB/s off → on:
+# 32768×2048 2.90 → 2.81 (-3.1%: the suite's 2.91 → 2.81 since the thirty-third session), 16384×2048 +0.4%, 4096×2048
+# +0.6%; 1024 columns +1.1-2.1% and 32768×4096 -0.3% keep it at every row count.
+BWD_LOW_MAX_ROWS = {2048: 16384}
 
 
-def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str, n: int) -> bool:
-    """Whether the backward of rows of ``n`` columns of ``dtype`` multiplies g = r(dy·w_eff) in that dtype
-    (``BWD_LOW_DTYPES``, ``BWD_LOW_RESIDENT_DTYPES``; ``_output_in_dtype``: the same bits)."""
+def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str, n: int,
+                   m: int = 0) -> bool:
+    """Whether the backward of ``m`` rows (0: few) of ``n`` columns of ``dtype`` multiplies g = r(dy·w_eff) in that
+    dtype (``BWD_LOW_DTYPES``, ``BWD_LOW_RESIDENT_DTYPES``, ``BWD_LOW_MAX_ROWS``; ``_output_in_dtype``: the same
+    bits)."""
     taken = dtype in BWD_LOW_DTYPES or (dtype in BWD_LOW_RESIDENT_DTYPES and triton_config.resident_low(n))
-    return taken and _output_in_dtype(weight, dtype, offset, casting)
+    return taken and m <= BWD_LOW_MAX_ROWS.get(n, m) and _output_in_dtype(weight, dtype, offset, casting)
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
@@ -266,7 +273,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     M, N = custom_ops.rows(x)
     has_dh = dh_out is not None and need_dx
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
-    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N)
+    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     # arguments given positionally: keywords made this per-call lookup 79 → 168 ns when it was the cache itself
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
