@@ -177,8 +177,9 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
     columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
     it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows,
-    ``BWD_LOW_MAX_ROWS``; float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``). Broken variant: the same multiply for gemma (its g is the unrounded float32 product,
-    its w_eff = w + 1 not a value of the dtype), which changes dx."""
+    ``BWD_LOW_MAX_ROWS``; float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``). Broken
+    variant: the same multiply for gemma (its g is the unrounded float32 product, its w_eff = w + 1 not a value of
+    the dtype), which changes dx."""
     w16 = torch.ones(8, dtype=torch.bfloat16)
     on_gpu = not triton_kernels.INTERPRET
     assert triton_kernels._grad_in_dtype(w16, torch.bfloat16, 0.0, "llama", 1024) == on_gpu
