@@ -239,8 +239,7 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
     """``_backward_config`` for a backward of ``m`` rows (0: few): N a compile-time constant in ``rms_norm``'s backward
     (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the cache's key takes that, not ``m``,
     so that varying batch sizes do not grow it)."""
-    limit = -1 if fused else BWD_N_CONST.get(n, -1)
-    return _backward_config(n, sms, fused, low, limit is None or m <= limit)
+    return _backward_config(n, sms, fused, low, not fused and n in BWD_N_CONST and m <= (BWD_N_CONST[n] or m))
 
 
 @functools.cache
