@@ -1,7 +1,7 @@
 """``python -m bench``: our kernels and every peer side by side on the GPU; results in bench/results/.
 
     python -m bench [suite] [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--providers a,b]
-                            [--no-small | --small-only] [--out DIR]
+                            [--modes m,...] [--no-small | --small-only] [--out DIR]
     python -m bench sweep [--dtype D] [--casting C] [--quick] [--shapes MxN,...] [--kernels k,...]
                           [--modes both|fwd|bwd] [--bands-only] [--carveout PCT] [--out DIR]
     python -m bench overhead [--calls N] [--out DIR]
@@ -127,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
                                help="only the small-call table (merge it into a full run with `render`)")
             s.add_argument("--providers", type=lambda t: tuple(t.split(",")), default=None,
                            help="comma-separated provider names (default: all; merge runs with `render`)")
+            s.add_argument("--modes", type=_modes, default=timing.MODES,
+                           help="comma-separated: fwd, bwd, fwd+bwd (default: all; merge runs with `render`)")
     o = sub.add_parser("overhead")
     o.add_argument("--calls", type=int, default=2000, help="back-to-back calls per timing loop (small call)")
     o.add_argument("--out", default="bench/results")
@@ -278,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = () if args.small_only else args.shapes or (suite.QUICK_SHAPES if args.quick else suite.SHAPES)
     partial = out / f"run_{args.dtype}_{args.casting}.json"
     save = lambda result: partial.write_text(json.dumps(result))  # noqa: E731  (partial results survive a kill)
-    result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save, only=args.providers)
+    result = suite.run(shapes, args.dtype, args.casting, small=not args.no_small, on_row=save, only=args.providers,
+                       modes=args.modes)
     save(result)
     paths = report.write(result, out, suite_stem(result["env"]))
     raw = out / f"{suite_stem(result['env'])}.json"

@@ -6,6 +6,12 @@ Modes: ``fwd`` (no autograd), ``bwd`` (the backward alone, from saved activation
 Peers compute their own formula for the mode (HF Llama's or HF Gemma's; ``F.rms_norm`` is Llama-like). JAX
 providers get JAX-owned copies of the inputs (DLPack from torch, then copied); both frameworks' providers rotate
 through several input sets when one is small (past L2, ``timing.rotations``), and each call runs every set.
+
+``fwd+bwd`` runs every set's forward, then the sets' backwards in the same order, in both frameworks: each backward then
+reads its x and dy from memory, as in a model, where other layers run between a norm's forward and its backward. Until
+2026-11-27 the torch providers ran each set's backward right after its forward (x still in L2) while XLA scheduled JAX's
+forwards first: at 4096×1024 bf16 the torch route's fwd+bwd read 2.53 TB/s the first way and 2.26 the model's way, JAX's
+2.24 (``bench/results/probes_h100_2026-11-27_thirtysixth.md`` §1).
 """
 
 from __future__ import annotations
@@ -47,10 +53,14 @@ def torch_modes(fn: Callable, x, w, dy) -> dict[str, Callable]:
         with torch.no_grad():
             return [fn(a, b) for a, b, _ in sets]
 
+    def fwd_bwd():  # every forward, then the backwards in order (the module's docstring says why)
+        ys = [fn(*ab) for ab in leaves]
+        return [torch.autograd.grad(y, ab, c) for y, ab, (_, _, c) in zip(ys, leaves, sets)]
+
     fns = {"fwd": fwd,
            "bwd": lambda: [torch.autograd.grad(y, ab, c, retain_graph=True)
                            for y, ab, (_, _, c) in zip(saved, leaves, sets)],
-           "fwd+bwd": lambda: [torch.autograd.grad(fn(*ab), ab, c) for ab, (_, _, c) in zip(leaves, sets)]}
+           "fwd+bwd": fwd_bwd}
     for f in fns.values():
         f.reps = reps
     return fns
@@ -71,17 +81,28 @@ def jax_modes(f: Callable, x, w, dy) -> dict[str, Callable]:
     vjps = functools.cache(lambda: [jax.vjp(f, a, b)[1] for a, b, _ in sets])  # first "bwd" call: a backward
     # that cannot run there (e.g. Mosaic GPU past 262144 columns) fails that mode only
 
-    def fwd_bwd(a, b, c):  # y stays live: XLA may not drop the forward
-        y, vjp = jax.vjp(f, a, b)
-        return y, vjp(c)
-
     fwd = jax.jit(lambda ss: [f(a, b) for a, b, _ in ss])
     bwd = jax.jit(lambda vs, ss: [v(c) for v, (_, _, c) in zip(vs, ss)])
-    both = jax.jit(lambda ss: [fwd_bwd(*s) for s in ss])
+    both = jax.jit(functools.partial(fwd_bwd_in_order, f))
     fns = {"fwd": lambda: fwd(sets), "bwd": lambda: bwd(vjps(), sets), "fwd+bwd": lambda: both(sets)}
     for fn in fns.values():
         fn.reps = reps
     return fns
+
+
+def fwd_bwd_in_order(f: Callable, sets: list[tuple]) -> tuple[list, list]:
+    """``(ys, grads)`` of ``f`` over ``sets``: every forward, then the backwards in the sets' order (the module's
+    docstring says why), pinned by optimization barriers, since XLA may order independent sets as it likes: no
+    cotangent reaches a backward before every forward's output exists, and each backward's cotangent waits for the
+    previous backward's grads. The ys stay outputs, so XLA cannot drop the forwards."""
+    outs = [jax.vjp(f, a, b) for a, b, _ in sets]
+    cs, ys = jax.lax.optimization_barrier(([c for *_, c in sets], [y for y, _ in outs]))
+    grads = []
+    for (_, vjp), c in zip(outs, cs):
+        if grads:
+            c, _ = jax.lax.optimization_barrier((c, grads[-1]))
+        grads.append(vjp(c))
+    return ys, grads
 
 
 def _bridge(backend: str) -> Callable:

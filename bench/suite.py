@@ -36,18 +36,19 @@ def peak_mb(p: Provider, run) -> float:
 
 
 def measure_shape(p: Provider, m: int, n: int, dtype: torch.dtype, casting: str, offset: float,
-                  copy: float) -> list[dict]:
+                  copy: float, modes: tuple[str, ...] = timing.MODES) -> list[dict]:
     x, w, dy = timing.inputs(m, n, dtype, offset)
     rows = []
     try:
         fns = p.build(x, w, dy, offset, casting)
         mem = None
-        if getattr(fns["fwd+bwd"], "reps", 1) == 1:  # one call of one input set (rotated sets would add up)
+        # one call of one input set (rotated sets would add up)
+        if "fwd+bwd" in modes and getattr(fns["fwd+bwd"], "reps", 1) == 1:
             try:
                 mem = peak_mb(p, fns["fwd+bwd"])
             except Exception:  # noqa: BLE001 - the fwd+bwd row records why
                 pass
-        for mode in timing.MODES:  # each mode on its own: a backward that cannot run leaves the forward's row
+        for mode in modes:  # each mode on its own: a backward that cannot run leaves the forward's row
             try:
                 sec = timing.time_kernels(fns[mode], timing.sync_any)
             except Exception as exc:  # OOM or a peer that cannot run this shape: recorded, never fatal
@@ -57,7 +58,7 @@ def measure_shape(p: Provider, m: int, n: int, dtype: torch.dtype, casting: str,
             rows.append(dict(provider=p.name, mode=mode, m=m, n=n, us=sec * 1e6, tbps=tbps, pct_copy=100 * tbps / copy,
                              **({} if mem is None else {"peak_mb": mem})))
     except Exception as exc:  # the provider cannot even be built here
-        rows = [_error_row(p, mode, m, n, exc) for mode in timing.MODES]
+        rows = [_error_row(p, mode, m, n, exc) for mode in modes]
     finally:
         del x, w, dy
         torch.cuda.empty_cache()
@@ -95,10 +96,11 @@ def measure_small(provs: list[Provider], m: int, dtype: torch.dtype, casting: st
     return rows
 
 
-def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=None) -> dict:
+def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=None,
+        modes: tuple[str, ...] = timing.MODES) -> dict:
     """All measurements for one dtype and casting mode (offset 1 for "gemma", else 0), of every provider or those
-    named in ``only``; ``on_row(result)`` is called after each provider × shape (the CLI saves partial results
-    there)."""
+    named in ``only``, in ``modes``; ``on_row(result)`` is called after each provider × shape (the CLI saves partial
+    results there)."""
     offset = 1.0 if casting == "gemma" else 0.0
     dt = DTYPES[dtype]
     provs = providers(only)
@@ -110,7 +112,7 @@ def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=
         task = bar.add_task("bench", total=len(shapes) * len(provs) + (len(SMALL_MS) * n_torch if small else 0))
         for (m, n), p in itertools.product(shapes, provs):
             bar.update(task, description=f"{p.name} {m}x{n}")
-            rows += measure_shape(p, m, n, dt, casting, offset, copy)
+            rows += measure_shape(p, m, n, dt, casting, offset, copy, modes)
             bar.advance(task)
             if on_row:
                 on_row(dict(env=env, rows=rows))
