@@ -4,6 +4,8 @@ partial sums itself (the fallback), the last reads them as posted."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -15,7 +17,9 @@ from helpers import HAS_CUDA, ON_GPU, judge, torch_inputs
 CASES = [((37, 4000), triton_config.Config(4, 512, 4, lag=2), torch.bfloat16, "llama", 0.0),
          ((5, 2048), triton_config.Config(2, 128, 4, lag=3), torch.float16, "gemma", 1.0),
          ((9, 1500), triton_config.Config(8, 256, 2, lag=1), torch.float32, "none", 0.0),
-         ((37, 4000), triton_config.Config(2, 512, 4, lag=2, groups=3), torch.bfloat16, "gemma", 1.0)]
+         ((37, 4000), triton_config.Config(2, 512, 4, lag=2, groups=3), torch.bfloat16, "gemma", 1.0),
+         ((37, 4000), triton_config.Config(4, 512, 4, lag=2, prefetch=True), torch.bfloat16, "llama", 0.0),
+         ((37, 4000), triton_config.Config(2, 512, 4, lag=1, groups=3, prefetch=True), torch.float16, "gemma", 1.0)]
 
 
 def _run(shape, config, dtype, casting, offset, seed=1, **kw):
@@ -61,6 +65,22 @@ def test_row_groups_give_one_groups_bits():
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
+def test_prefetch_gives_the_same_bits():
+    """Loading block t + 1 before block t's math (``Config.prefetch``) moves loads, not arithmetic: y, rstd, dx and
+    dweight, and the fused add's y and h, are the bits without it (row groups and a dweight-only call too)."""
+    x, w, dy = torch_inputs((37, 4000), torch.bfloat16, 1.0, seed=14, scale=2.0)
+    r = torch_inputs((37, 4000), torch.bfloat16, 0.0, seed=15)[0]
+    runs = []
+    for prefetch in (False, True):
+        config = triton_config.Config(2, 512, 4, lag=2, groups=3, prefetch=prefetch)
+        y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 1.0, "gemma", config=config)
+        fused = triton_kernels.rms_norm_fwd(x, w, 1e-6, 1.0, "gemma", config=config, residual=r, h_dtype=x.dtype)
+        grads = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=config)
+        dw_only = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", False, True, config=config)[1]
+        runs.append((y, rstd, *fused[:2], *grads, dw_only))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_forward_rstd_and_fused_add_on_bands():
     """rstd (stored by band 0's program) is the row's; the fused add's h is the resident path's bits and its y the
     norm of h (the same band sums)."""
@@ -91,12 +111,15 @@ def test_float64_and_dweight_only_calls():
 def test_heuristic_takes_bands_for_long_rows():
     """One-warp programs on 1024-column bands of one row, in row groups (8 / 16 programs per SM), while a row has at
     most ``BANDS_MAX_PER_SM`` bands per SM: the backward beyond 8192 columns, the forward for rows longer than the
-    32768 it holds in registers; ``BANDS_SPARE`` slots left free (16384 columns: 64 groups of 16 bands in the 8 × 132
-    slots, not 66)."""
-    assert triton_config.backward_config(262144, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=4)
-    assert triton_config.forward_config(262144, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=8)
-    assert triton_config.backward_config(16384, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=64)
-    assert triton_config.forward_config(65536, 132) == triton_config.Config(1, 1024, 1, lag=2, groups=32)
+    32768 it holds in registers, its next block prefetched up to ``FWD_BANDS_PREFETCH_MAX_N`` columns;
+    ``BANDS_SPARE`` slots left free (16384 columns: 64 groups of 16 bands in the 8 × 132 slots, not 66)."""
+    band = functools.partial(triton_config.Config, 1, 1024, 1, lag=2)
+    assert triton_config.backward_config(262144, 132) == band(groups=4)
+    assert triton_config.forward_config(262144, 132) == band(groups=8)
+    assert triton_config.backward_config(16384, 132) == band(groups=64)
+    assert triton_config.forward_config(65536, 132) == band(groups=32, prefetch=True)
+    assert triton_config.forward_config(131072, 132).prefetch and not triton_config.forward_config(131073, 132).prefetch
+    assert not triton_config.forward_config(65536, 132, fused=True).prefetch
     for config in (triton_config.backward_config, triton_config.forward_config):
         assert config(540672, 132).lag and config(262144, 114).lag and config(32769, 132).lag
         assert not config(8192, 132).lag and not config(540673, 132).lag  # 529 bands on 132 SMs: chunked

@@ -139,22 +139,47 @@ def _totals(X, B, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, s
 
 
 @triton.jit
+def _fwd_fetch(X, R, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+               DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Block t's band of the forward's rows from memory, kept in L2 for the second read (``_band_rows``)."""
+    rows, row_mask = _block(t, g, G, BLOCK_M, M)
+    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
+    return _band_rows(X, R, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
+
+
+@triton.jit
+def _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Block t's band of x and dy (kept in L2 for the second read) and its rows' rstd."""
+    rows, row_mask = _block(t, g, G, BLOCK_M, M)
+    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
+    return (tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
+            tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
+            tl.load(RSTD + rows, mask=row_mask, other=0.0))
+
+
+@triton.jit
 def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_limit,
                       P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      LAG: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr,
-                      DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                      LAG: tl.constexpr, PREFETCH: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                      HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
-    ...): posts block t's ``Σ x²`` (``Σ h²``), then writes block t - LAG's y (and h; band 0 its rstd)."""
+    ...): posts block t's ``Σ x²`` (``Σ h²``), then writes block t - LAG's y (and h; band 0 its rstd). PREFETCH:
+    block t + 1's band is loaded before block t's math (in flight meanwhile; the same values, the same bits)."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
     cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
     alone = 0
+    if PREFETCH:
+        x_next = _fwd_fetch(X, R, 0, g, cols, col_mask, M, N, G, BLOCK_M, HAS_RESIDUAL, DT, EMULATE_BF16)
     for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
         rows, row_mask = _block(t, g, G, BLOCK_M, M)
-        offs, mask = _tile(rows, row_mask, cols, col_mask, N)
-        x = _band_rows(X, R, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
+        if PREFETCH:
+            x = x_next
+            x_next = _fwd_fetch(X, R, t + 1, g, cols, col_mask, M, N, G, BLOCK_M, HAS_RESIDUAL, DT, EMULATE_BF16)
+        else:
+            x = _fwd_fetch(X, R, t, g, cols, col_mask, M, N, G, BLOCK_M, HAS_RESIDUAL, DT, EMULATE_BF16)
         # block t - LAG: its slots and its band again (L2), in flight meanwhile
         rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
         offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
@@ -175,12 +200,13 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
 @triton.jit
 def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit,
                       P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      LAG: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr, NEED_DW: tl.constexpr,
-                      HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, WDT: tl.constexpr,
-                      EMULATE_BF16: tl.constexpr):
+                      LAG: tl.constexpr, PREFETCH: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
+                      NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
+                      WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
     ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.band_slots.slot_width``). With ``G`` > 1 ``DW`` holds
-    float32 partials, one row per group."""
+    float32 partials, one row per group. PREFETCH: block t + 1's band of x and dy and its rstd are loaded before
+    block t's math (in flight meanwhile; the same values, the same bits)."""
     CT: tl.constexpr = tl.float32
     pid = tl.program_id(0)
     cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
@@ -188,11 +214,15 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
     alone = 0
+    if PREFETCH:
+        x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, 0, g, cols, col_mask, M, N, G, BLOCK_M)
     for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
         rows, row_mask = _block(t, g, G, BLOCK_M, M)
-        offs, mask = _tile(rows, row_mask, cols, col_mask, N)
-        x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last")
-        dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+        if PREFETCH:
+            x, dy, rstd = x_next, dy_next, rstd_next
+            x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M)
+        else:
+            x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
         if NEED_DX:  # block t - LAG: its slots (in flight during block t's math) and its band again (L2)
             rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
             offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
@@ -202,7 +232,6 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
         x = x.to(CT)
         dy = dy.to(CT)
         if NEED_DW:
-            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
             dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16), axis=0)
         if NEED_DX:
             _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
@@ -245,7 +274,8 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
                          (x, residual if fused else x, weight if weight is not None else x, y, h if fused else y, rstd,
                           _slots(M, width, x.device), M, N, float(N), eps, offset, 0 if INTERPRET else SPIN_LIMIT),
                          lambda: dict(P=programs, S=width, G=groups, BLOCK_M=cfg.block_m,
-                                      BLOCK_N=cfg.block_n, LAG=max(cfg.lag, 1), HAS_WEIGHT=weight is not None,
+                                      BLOCK_N=cfg.block_n, LAG=max(cfg.lag, 1), PREFETCH=cfg.prefetch,
+                                      HAS_WEIGHT=weight is not None,
                                       HAS_RESIDUAL=fused, CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[y.dtype],
                                       EMULATE_BF16=INTERPRET, num_warps=cfg.num_warps),
                          interpret=INTERPRET)
@@ -274,7 +304,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
                           dx if need_dx else x, partials if need_dweight else rstd, slots, M, N, offset,
                           0 if INTERPRET else SPIN_LIMIT),
                          lambda: dict(P=programs, S=width, G=groups, BLOCK_M=cfg.block_m,
-                                      BLOCK_N=cfg.block_n, LAG=cfg.lag if need_dx else 0, HAS_WEIGHT=weight is not None,
+                                      BLOCK_N=cfg.block_n, LAG=cfg.lag if need_dx else 0, PREFETCH=cfg.prefetch,
+                                      HAS_WEIGHT=weight is not None,
                                       NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else tl.float32,

@@ -111,6 +111,16 @@ BWD_PIECES_PLAIN = {2304: (2, True), 2560: (2, True), 5120: (4, True)}
 # (sweep_h100_bfloat16_llama_triton_bands_below_16384.md, the grid with the spare): 4096×12288 1.90 → 2.22, 32768×12288
 # 2.31 → 2.53, 4096×10240 1.74 → 2.12, 32768×10240 2.12 → 2.47 (the resident row padded to 16384).
 BANDS_MIN_N = band_tables.BANDS_MIN_COLS  # the backward
+# The band forward loads block t + 1 before block t's math (``Config.prefetch``, the Pallas band tables' choice) up to
+# this many columns; the band backward does not. Thirty-sixth session (H100, launched by torch, kernels timed, four
+# rounds taking turns; probes_h100_2026-11-27_thirtysixth.md §6), TB/s without → with, the same bits: forward bf16
+# 4096×65536 2.64 → 2.73, 2048×131072 2.66 → 2.72, but 1024×262144 2.69 → 2.23 (256 bands: 253 registers), and the
+# fused add's forward (two row operands) 4096×65536 2.50 → 2.41, 2048×131072 2.49 → 2.38, so not the fused add. The
+# backward loses 16-19% in bf16 (8192×32768 2.55 → 2.14, 1024×262144 2.56 → 2.08, gemma 32768×16384 2.60 → 2.16)
+# while fp16 gains 3-5% (4096×16384 2.47 → 2.58, gemma 8192×32768 2.65 → 2.74): ptxas spills 684 B per thread
+# without it and 1204 B with it, all for the cold fallback that computes a peer's missing partials (without that
+# loop: 0 B and 100 B; timed without it, bf16 8192×32768 2.58 / 2.65, so a register-light fallback is the lead).
+FWD_BANDS_PREFETCH_MAX_N = 131072
 FWD_BANDS_MIN_N = FWD_RESIDENT_MAX_N + 1
 
 
@@ -132,7 +142,7 @@ class Config:
     is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column
     bands of ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
     ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch``
-    (the resident backward): the next row block is loaded before the current one's math. ``pieces`` (the resident
+    (the resident backward; bands, both directions): the next row block is loaded before the current one's math. ``pieces`` (the resident
     backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded.
     ``l1_hints`` (the forward without bands): in column chunks of one row per program (``triton_two_pass``) two
     passes, the first loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a
@@ -182,16 +192,18 @@ class Config:
 
 def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables and grid
-    (``band_tables.band_grid``; prefetch is a Pallas kernels' option); None where rows take no bands: shorter than
-    ``min_n`` (default ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic
-    does not take them), or more than ``band_tables.BANDS_MAX_PER_SM`` bands per SM."""
+    (``band_tables.band_grid``; their prefetch for the forward up to ``FWD_BANDS_PREFETCH_MAX_N`` columns, which
+    ``forward_config`` drops for the fused add); None where rows take no bands: shorter than ``min_n`` (default
+    ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic does not take them),
+    or more than ``band_tables.BANDS_MAX_PER_SM`` bands per SM."""
     if min_n is None:
         min_n = BANDS_MIN_N if backward else FWD_BANDS_MIN_N
     grid = band_tables.band_grid(n, sms, backward=backward, min_cols=min_n)
     if grid is None:
         return None
-    (cols, rows, warps, lag, _, _), groups = grid
-    return Config(rows, cols, warps, lag=lag, groups=groups)
+    (cols, rows, warps, lag, prefetch, _), groups = grid
+    prefetch = prefetch and not backward and n <= FWD_BANDS_PREFETCH_MAX_N
+    return Config(rows, cols, warps, lag=lag, groups=groups, prefetch=prefetch)
 
 
 @functools.cache
@@ -207,7 +219,7 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas
     kernels' L1 hints (``l1_hints.resident``)."""
     if (bands := bands_config(n, sms, backward=False)) is not None:
-        return bands
+        return dataclasses.replace(bands, prefetch=False) if fused else bands  # FWD_BANDS_PREFETCH_MAX_N's note
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
         return Config(1, *tile, l1_hints=True)
     if n <= FWD_RESIDENT_MAX_N:
