@@ -4,6 +4,8 @@ torch providers had run each set's backward right after its forward while XLA ra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -55,7 +57,7 @@ def test_torch_fwd_bwd_runs_every_forward_before_the_backwards():
         torch.testing.assert_close(dw, (dy * x).sum(0), rtol=0, atol=0)
 
 
-def _logged_jax(log: list) -> callable:
+def _logged_jax(log: list) -> Callable:
     """``a * b`` whose forward and backward each record ("f"/"b", set index) when they run: the index is the set's
     value of ``a[0, 0]`` (pure callbacks that the results depend on, the backward's on the cotangent too, so XLA runs
     them where a forward and a backward can run)."""
