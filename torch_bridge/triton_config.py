@@ -134,21 +134,21 @@ def _warps(elems: int, per_warp: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One launch's tiling: ``block_m`` rows × ``block_n`` columns per program (``block_n`` the padded row when it
-    is at least N, else the column chunk), ``num_warps``; ``programs_per_sm`` (the persistent grid of the backward
-    and of the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``.
-    A backward of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight
-    itself: one launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time
-    is a few µs either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column
-    bands of ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
-    ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch``
-    (the resident backward; bands, both directions): the next row block is loaded before the current one's math. ``pieces`` (the resident
-    backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its pieces, not padded.
-    ``l1_hints`` (the forward without bands): in column chunks of one row per program (``triton_two_pass``) two
-    passes, the first loading with L1's ``evict_last`` hint and the second ``evict_first``, the row length a
-    compile-time constant; a resident row's loads (x, residual, weight) all ``evict_last``. ``n_const`` (a row held
-    whole, without bands or pieces; the forward's and the backward's): the row length a compile-time constant (one
-    compile per N; the mask then only rows')."""
+    """One launch's tiling: ``block_m`` rows × ``block_n`` columns per program (``block_n`` the padded row when it is at
+    least N, else the column chunk), ``num_warps``; ``programs_per_sm`` (the persistent grid of the backward and of
+    the long-row forward) and the long-row backward's row-dot pass's ``rowdot_block_n``/``rowdot_warps``. A backward
+    of at most ``one_program_elems`` elements runs one program per column chunk, which stores dweight itself: one
+    launch and no partials buffer instead of two launches (such calls are host-bound: the GPU time is a few µs
+    either way, the host's ~2× that of a launch). ``lag`` > 0 (chunked rows, both directions): column bands of
+    ``block_n`` (``triton_bands``), each row block finished ``lag`` blocks after its partial sums were posted;
+    ``groups`` row groups (a grid of bands × groups; group g takes row blocks g, g + groups, ...). ``prefetch`` (the
+    resident backward; bands, both directions): the next row block is loaded before the current one's math.
+    ``pieces`` (the resident backward of rows of two power-of-two pieces, ``triton_pieces``): the row held as its
+    pieces, not padded. ``l1_hints`` (the forward without bands): in column chunks of one row per program
+    (``triton_two_pass``) two passes, the first loading with L1's ``evict_last`` hint and the second
+    ``evict_first``, the row length a compile-time constant; a resident row's loads (x, residual, weight) all
+    ``evict_last``. ``n_const`` (a row held whole, without bands or pieces; the forward's and the backward's): the
+    row length a compile-time constant (one compile per N; the mask then only rows')."""
 
     block_m: int
     block_n: int
