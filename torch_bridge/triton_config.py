@@ -190,10 +190,10 @@ class Config:
         return self.block_n < n
 
 
-def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) -> Config | None:
+def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None, fused: bool = False) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables and grid
-    (``band_tables.band_grid``; their prefetch for the forward up to ``FWD_BANDS_PREFETCH_MAX_N`` columns, which
-    ``forward_config`` drops for the fused add); None where rows take no bands: shorter than ``min_n`` (default
+    (``band_tables.band_grid``; their prefetch for the plain forward, not the ``fused`` add's, up to
+    ``FWD_BANDS_PREFETCH_MAX_N`` columns); None where rows take no bands: shorter than ``min_n`` (default
     ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic does not take them),
     or more than ``band_tables.BANDS_MAX_PER_SM`` bands per SM."""
     if min_n is None:
@@ -202,7 +202,7 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None) 
     if grid is None:
         return None
     (cols, rows, warps, lag, prefetch, _), groups = grid
-    prefetch = prefetch and not backward and n <= FWD_BANDS_PREFETCH_MAX_N
+    prefetch = prefetch and not (backward or fused) and n <= FWD_BANDS_PREFETCH_MAX_N
     return Config(rows, cols, warps, lag=lag, groups=groups, prefetch=prefetch)
 
 
@@ -218,8 +218,8 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns
     bands for a GPU of ``sms`` SMs (the launcher uses them for float32 compute only). Resident rows take the Pallas
     kernels' L1 hints (``l1_hints.resident``)."""
-    if (bands := bands_config(n, sms, backward=False)) is not None:
-        return dataclasses.replace(bands, prefetch=False) if fused else bands  # FWD_BANDS_PREFETCH_MAX_N's note
+    if (bands := bands_config(n, sms, backward=False, fused=fused)) is not None:
+        return bands
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
         return Config(1, *tile, l1_hints=True)
     if n <= FWD_RESIDENT_MAX_N:
