@@ -8,9 +8,11 @@ import functools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import torch_bridge
-from torch_bridge import triton_bands, triton_config, triton_kernels
+from torch_bridge import triton_band_slots, triton_bands, triton_config, triton_kernels
 
 from helpers import HAS_CUDA, ON_GPU, judge, torch_inputs
 
@@ -111,12 +113,14 @@ def test_float64_and_dweight_only_calls():
 def test_heuristic_takes_bands_for_long_rows():
     """One-warp programs on 1024-column bands of one row, in row groups (8 / 16 programs per SM), while a row has at
     most ``BANDS_MAX_PER_SM`` bands per SM: the backward beyond 8192 columns, the forward for rows longer than the
-    32768 it holds in registers, its next block prefetched up to ``FWD_BANDS_PREFETCH_MAX_N`` columns;
+    32768 it holds in registers, its next block prefetched up to ``FWD_BANDS_PREFETCH_MAX_N`` columns (the
+    backward's at every length, the fused add's too);
     ``BANDS_SPARE`` slots left free (16384 columns: 64 groups of 16 bands in the 8 × 132 slots, not 66)."""
     band = functools.partial(triton_config.Config, 1, 1024, 1, lag=2)
-    assert triton_config.backward_config(262144, 132) == band(groups=4)
+    assert triton_config.backward_config(262144, 132) == band(groups=4, prefetch=True)
     assert triton_config.forward_config(262144, 132) == band(groups=8)
-    assert triton_config.backward_config(16384, 132) == band(groups=64)
+    assert triton_config.backward_config(16384, 132) == band(groups=64, prefetch=True)
+    assert triton_config.backward_config(540672, 132, fused=True).prefetch
     assert triton_config.forward_config(65536, 132) == band(groups=32, prefetch=True)
     assert triton_config.forward_config(131072, 132).prefetch and not triton_config.forward_config(131073, 132).prefetch
     assert not triton_config.forward_config(65536, 132, fused=True).prefetch
@@ -127,6 +131,40 @@ def test_heuristic_takes_bands_for_long_rows():
     assert not triton_config.forward_config(32768, 132).chunked(32768)  # held in registers
     with pytest.raises(ValueError, match="lag"):
         triton_config.Config(1, 1024, 4, lag=-1)
+
+
+@triton.jit
+def _slot_sums_kernel(V, OUT, P, S: tl.constexpr, BLOCK_M: tl.constexpr, PAIRWISE: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pcols = tl.arange(0, S)
+    slot_mask = (rows[:, None] >= 0) & (pcols[None, :] < P)
+    vals = tl.load(V + rows[:, None] * S + pcols[None, :])
+    if PAIRWISE:
+        total = triton_band_slots._sum_slots(vals, slot_mask, BLOCK_M, S)
+    else:  # the broken variant: tl.sum, whose order follows the layout Triton gives vals at each call site
+        total = tl.sum(tl.where(slot_mask, vals, 0.0), axis=1)
+    tl.store(OUT + rows, total)
+
+
+def test_slot_sums_are_one_fixed_pairwise_tree():
+    """The band backward sums a block's slots in two loops, whose slot tiles Triton may lay out differently; the sum
+    is the pairwise tree ((s0 + s1) + (s2 + s3)) + ... whatever the layout (with ``tl.sum`` a GPU run gave dx bits
+    that depended on which program waited). Slots of 40 binades, padding masked; ``tl.sum`` is caught."""
+    m, p, s = 8, 100, 128
+    gen = torch.Generator().manual_seed(21)
+    vals = torch.randn(m, s, generator=gen) * torch.exp2(torch.randint(-20, 20, (m, s), generator=gen).float())
+    vals[:, p:] = float("nan")  # padding: never read into the sum
+    tree = torch.where(torch.arange(s) < p, vals, 0.0)
+    while tree.shape[1] > 1:
+        tree = tree[:, 0::2] + tree[:, 1::2]
+    device = "cuda" if ON_GPU else "cpu"
+    sums = {}
+    for pairwise in (True, False):
+        out = torch.empty(m, device=device)
+        _slot_sums_kernel[(m // 2,)](vals.to(device), out, p, S=s, BLOCK_M=2, PAIRWISE=pairwise)
+        sums[pairwise] = out.cpu()
+    assert torch.equal(sums[True], tree[:, 0])
+    assert not torch.equal(sums[False], tree[:, 0])
 
 
 gpu = pytest.mark.gpu

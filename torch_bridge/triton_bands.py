@@ -5,10 +5,10 @@ One program per band of ``block_n`` columns of every row (a co-resident grid of 
 rows walked in blocks of ``block_m``: block ``t``'s band is loaded (kept in L2) and each row's partial sum over the
 band posted as float32 bits to ``slots[row, band]`` (filled with ``UNPOSTED`` per call): the forward's ``Σ x²``
 (``Σ h²`` for the fused add), the backward's ``Σ g·x`` (the backward also accumulates its band's dweight); block
-``t - lag`` is then finished from its band read again and the sum of its rows' slots in band order: y (and rstd,
-band 0) or dx. A program that polls ``SPIN_LIMIT`` times without seeing a block's slots complete computes the
-missing partials itself (the owners' code, the same bits) and never waits again. Compute is float32 (float64 inputs
-stay on the chunked paths).
+``t - lag`` is then finished from its band read again and the sum of its rows' slots (one order for every program):
+y (and rstd, band 0) or dx. A program that polls ``SPIN_LIMIT`` times without seeing a block's slots complete
+computes the missing partials itself (the owners' code, the same bits) and never waits again (the slot protocol:
+``triton_band_slots``). Compute is float32 (float64 inputs stay on the chunked paths).
 """
 
 from __future__ import annotations
@@ -20,26 +20,13 @@ import triton.language as tl
 from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
+from torch_bridge.triton_band_slots import (UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_gx, _sum_slots,
+                                            _totals, _wait)
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
                                          _to_dt, _w_eff)
 
-UNPOSTED = -1  # int32 bits of a slot not yet posted (0xFFFFFFFF: a NaN payload no float32 arithmetic produces)
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
-
-
-@triton.jit
-def _sum_gx(x, dy, w_eff, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-            EMULATE_BF16: tl.constexpr):
-    """Each row's ``Σ g·x`` over a band's float32 tile: the owner's post and the fallback's recompute (one code,
-    the same bits)."""
-    return tl.sum(_grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, tl.float32, EMULATE_BF16) * x, axis=1)
-
-
-@triton.jit
-def _complete(posted, slot_mask):
-    """1 when every live slot is posted (-1 is ``UNPOSTED``, the fill), else 0."""
-    return tl.min(tl.min(tl.where((posted != -1) | ~slot_mask, 1, 0), axis=1), axis=0)
 
 
 @triton.jit
@@ -47,38 +34,6 @@ def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
     """Row group g's t-th row block (blocks g, g + G, ...): its rows and their mask."""
     rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
     return rows, rows < M
-
-
-@triton.jit
-def _band_rows(X, R, offs, mask, HAS_RESIDUAL: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
-               EVICT: tl.constexpr):
-    """The forward's band of rows in float32: x, or (the fused add) h = r(x + residual) (DT is h's dtype)."""
-    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(R + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        x = _to_dt(x + r, DT, EMULATE_BF16).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _band_partial(X, B, W, rows, row_mask, cols, N, offset, BLOCK_N: tl.constexpr, FORWARD: tl.constexpr,
-                  HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                  EMULATE_BF16: tl.constexpr):
-    """Each row's partial sum over the band ``cols`` (float32), read from memory: the forward's ``Σ x²`` (``B``
-    the residual, with ``HAS_RESIDUAL``), else ``Σ g·x`` (``B`` is dy)."""
-    mask = row_mask[:, None] & (cols[None, :] < N)
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    if FORWARD:
-        x = _band_rows(X, B, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "")
-        return tl.sum(x * x, axis=1)
-    else:
-        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
-        w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if HAS_WEIGHT:
-            w_eff = _w_eff(tl.load(W + cols, mask=cols < N, other=0.0), offset, CASTING, DT, tl.float32,
-                           EMULATE_BF16)
-        return _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
 
 
 @triton.jit
@@ -91,51 +46,6 @@ def _own_band(W, pid, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr
     if HAS_WEIGHT:
         w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
     return cols, col_mask, w_eff
-
-
-@triton.jit
-def _post(SLOT, rows, row_mask, S, pid, part):
-    """Post each row's partial (one NaN pattern, never ``UNPOSTED``) to its slot of band ``pid``."""
-    part = tl.where(part == part, part, float("nan"))
-    tl.store(SLOT + rows.to(tl.int64) * S + pid, part.to(tl.int32, bitcast=True), mask=row_mask)
-
-
-@triton.jit
-def _lagged(SLOT, rows, M, pcols, P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, LAG: tl.constexpr,
-            BLOCK_M: tl.constexpr):
-    """The row block ``LAG`` steps behind ``rows``: ``(rows_b, row_mask_b, slot_mask, posted)``, its slots read
-    (volatile) now, so they are in flight during the current block's math."""
-    rows_b = rows - LAG * G * BLOCK_M
-    row_mask_b = (rows_b >= 0) & (rows_b < M)
-    slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
-    posted = tl.load(SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :], mask=slot_mask, other=0, volatile=True)
-    return rows_b, row_mask_b, slot_mask, posted
-
-
-@triton.jit
-def _totals(X, B, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P: tl.constexpr,
-            S: tl.constexpr, BLOCK_N: tl.constexpr, FORWARD: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-            HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """``(Σ over bands of rows_b's slots, alone)``: polled until all are posted (at most ``spin_limit`` times, none
-    once ``alone``), else the missing partials computed here (only their bands' rows are read) and ``alone`` set."""
-    slot_ptr = SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :]
-    ready = _complete(posted, slot_mask)
-    spins = 0
-    while (alone == 0) & (ready == 0) & (spins < spin_limit):
-        posted = tl.load(slot_ptr, mask=slot_mask, other=0, volatile=True)
-        ready = _complete(posted, slot_mask)
-        spins += 1
-    vals = posted.to(tl.float32, bitcast=True)
-    if ready == 0:  # the missing partials, computed here (only their bands' rows are read)
-        alone = 1
-        missing = (posted == -1) & slot_mask
-        for q in range(0, P):
-            hit = missing & (pcols[None, :] == q)
-            rows_q = tl.max(tl.where(hit, 1, 0), axis=1) == 1
-            q_part = _band_partial(X, B, W, rows_b, rows_q, q * BLOCK_N + tl.arange(0, BLOCK_N), N, offset, BLOCK_N,
-                                   FORWARD, HAS_WEIGHT, HAS_RESIDUAL, CASTING, DT, EMULATE_BF16)
-            vals = tl.where(hit, q_part[:, None], vals)
-    return tl.sum(tl.where(slot_mask, vals, 0.0), axis=1), alone
 
 
 @triton.jit
@@ -198,6 +108,30 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
 
 
 @triton.jit
+def _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
+               NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Block t's band: its dweight terms added to ``dw`` (returned) and, with NEED_DX, its rows' ``Σ g·x`` posted."""
+    x = x.to(tl.float32)
+    dy = dy.to(tl.float32)
+    if NEED_DW:
+        dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, tl.float32, EMULATE_BF16), axis=0)
+    if NEED_DX:
+        _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
+    return dw
+
+
+@triton.jit
+def _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT: tl.constexpr,
+                HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Block t - LAG's band of dx from its band (x_b, dy_b, rstd_b) and its rows' totals."""
+    CT: tl.constexpr = tl.float32
+    dx = _dx(x_b.to(CT), _grad_n(dy_b.to(CT), w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16), rstd_b, total / N)
+    if HAS_DH:
+        dx += tl.load(DH + offs_b, mask=mask_b, other=0.0).to(CT)
+    tl.store(DX + offs_b, _to_dt(dx, DT, EMULATE_BF16), mask=mask_b)
+
+
+@triton.jit
 def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit,
                       P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       LAG: tl.constexpr, PREFETCH: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
@@ -206,42 +140,66 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
     ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.band_slots.slot_width``). With ``G`` > 1 ``DW`` holds
     float32 partials, one row per group. PREFETCH: block t + 1's band of x and dy and its rstd are loaded before
-    block t's math (in flight meanwhile; the same values, the same bits)."""
-    CT: tl.constexpr = tl.float32
+    block t's math (in flight meanwhile; the same values, the same bits).
+
+    Two loops, so that the hot one holds no registers for computing a peer's partial (the fallback inside it spilled
+    with PREFETCH and cost bf16 16-19%): the first waits for each block's slots, and a program that polls
+    ``spin_limit`` times in vain stops there (``stop``: block ``stop`` started, block ``stop - LAG`` not finished);
+    the second, run only by such a program, finishes the rest without waiting, computing the missing partials itself
+    (``_fill_missing``). dweight adds the blocks in order either way; both loops sum the slots with ``_sum_slots``,
+    whose order does not depend on the layout Triton gives each loop's slots (``tl.sum``'s does, and did: the two
+    loops' dx differed in ~100 elements per 2^28)."""
     pid = tl.program_id(0)
     cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
-    dw = tl.zeros([BLOCK_N], dtype=CT)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
-    alone = 0
+    steps = tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG
+    stop = steps
     if PREFETCH:
         x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, 0, g, cols, col_mask, M, N, G, BLOCK_M)
-    for t in range(0, tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG):
-        rows, row_mask = _block(t, g, G, BLOCK_M, M)
-        if PREFETCH:
-            x, dy, rstd = x_next, dy_next, rstd_next
-            x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M)
-        else:
-            x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
-        if NEED_DX:  # block t - LAG: its slots (in flight during block t's math) and its band again (L2)
+    for t in range(0, steps):
+        if stop == steps:
+            rows, row_mask = _block(t, g, G, BLOCK_M, M)
+            if PREFETCH:
+                x, dy, rstd = x_next, dy_next, rstd_next
+                x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M)
+            else:
+                x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
+            if NEED_DX:  # block t - LAG: its slots and its band again (L2), in flight during block t's math
+                rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
+                offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
+                x_b = tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first")
+                dy_b = tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first")
+                rstd_b = tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0)
+            dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
+                            CASTING, DT, EMULATE_BF16)
+            if NEED_DX:
+                posted, ready = _wait(SLOT, rows_b, slot_mask, posted, pcols, spin_limit, S)
+                if ready == 1:
+                    total = _sum_slots(posted.to(tl.float32, bitcast=True), slot_mask, BLOCK_M, S)
+                    _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH,
+                                CASTING, DT, EMULATE_BF16)
+                else:
+                    stop = t
+    if NEED_DX:
+        # w_eff loaded again: Triton 3.6 CSEs the hot loop's ``w_eff[None, :]`` into this loop otherwise (a use its
+        # definition does not dominate; TritonGPURemoveLayoutConversions fails)
+        cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
+        for t in range(stop, steps):  # only after giving up: nothing waits any more
+            rows, row_mask = _block(t, g, G, BLOCK_M, M)
+            if t > stop:
+                x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
+                dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
+                                CASTING, DT, EMULATE_BF16)
             rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
+            vals = _fill_missing(X, DY, W, rows_b, slot_mask, posted, pcols, N, offset, P, BLOCK_N, False, HAS_WEIGHT,
+                                 False, CASTING, DT, EMULATE_BF16)
+            total = _sum_slots(vals, slot_mask, BLOCK_M, S)
             offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
-            x_b = tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first").to(CT)
-            dy_b = tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first").to(CT)
-            rstd_b = tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0)
-        x = x.to(CT)
-        dy = dy.to(CT)
-        if NEED_DW:
-            dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16), axis=0)
-        if NEED_DX:
-            _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
-            total, alone = _totals(X, DY, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P,
-                                   S, BLOCK_N, False, HAS_WEIGHT, False, CASTING, DT, EMULATE_BF16)
-            c = total / N
-            dx = _dx(x_b, _grad_n(dy_b, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16), rstd_b, c)
-            if HAS_DH:
-                dx += tl.load(DH + offs_b, mask=mask_b, other=0.0).to(CT)
-            tl.store(DX + offs_b, _to_dt(dx, DT, EMULATE_BF16), mask=mask_b)
+            _bwd_finish(tl.load(X + offs_b, mask=mask_b, other=0.0), tl.load(DY + offs_b, mask=mask_b, other=0.0),
+                        tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0), total, w_eff, DH, DX, offs_b, mask_b, N,
+                        HAS_WEIGHT, HAS_DH, CASTING, DT, EMULATE_BF16)
     if NEED_DW and G == 1:
         tl.store(DW + cols, _to_dt(dw, WDT, EMULATE_BF16), mask=col_mask)
     elif NEED_DW:

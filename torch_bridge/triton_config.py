@@ -111,15 +111,20 @@ BWD_PIECES_PLAIN = {2304: (2, True), 2560: (2, True), 5120: (4, True)}
 # (sweep_h100_bfloat16_llama_triton_bands_below_16384.md, the grid with the spare): 4096×12288 1.90 → 2.22, 32768×12288
 # 2.31 → 2.53, 4096×10240 1.74 → 2.12, 32768×10240 2.12 → 2.47 (the resident row padded to 16384).
 BANDS_MIN_N = band_tables.BANDS_MIN_COLS  # the backward
-# The band forward loads block t + 1 before block t's math (``Config.prefetch``, the Pallas band tables' choice) up to
-# this many columns; the band backward does not. Thirty-sixth session (H100, launched by torch, kernels timed, four
-# rounds taking turns; probes_h100_2026-11-27_thirtysixth.md §6), TB/s without → with, the same bits: forward bf16
-# 4096×65536 2.64 → 2.73, 2048×131072 2.66 → 2.72, but 1024×262144 2.69 → 2.23 (256 bands: 253 registers), and the
-# fused add's forward (two row operands) 4096×65536 2.50 → 2.41, 2048×131072 2.49 → 2.38, so not the fused add. The
-# backward loses 16-19% in bf16 (8192×32768 2.55 → 2.14, 1024×262144 2.56 → 2.08, gemma 32768×16384 2.60 → 2.16)
-# while fp16 gains 3-5% (4096×16384 2.47 → 2.58, gemma 8192×32768 2.65 → 2.74): ptxas spills 684 B per thread
-# without it and 1204 B with it, all for the cold fallback that computes a peer's missing partials (without that
-# loop: 0 B and 100 B; timed without it, bf16 8192×32768 2.58 / 2.65, so a register-light fallback is the lead).
+# The band kernels load block t + 1 before block t's math (``Config.prefetch``, the Pallas band tables' choice): the
+# backward (plain and the fused add's) at every band length, the plain forward up to ``FWD_BANDS_PREFETCH_MAX_N``
+# columns. Thirty-sixth session (H100, launched by torch, kernels timed, four rounds taking turns;
+# probes_h100_2026-11-27_thirtysixth.md §6), forward TB/s without → with, the same bits: bf16 4096×65536 2.64 → 2.73,
+# 2048×131072 2.66 → 2.72, but 1024×262144 2.69 → 2.23 (256 bands), and the fused add's forward (two row operands)
+# 4096×65536 2.50 → 2.41, 2048×131072 2.49 → 2.38, so not the fused add. The backward prefetches since the
+# thirty-seventh session, when its fallback moved out of the waiting loop (``triton_bands._bands_bwd_kernel``: with
+# the fallback inside, ptxas spilled 164-180 B per thread in bf16 and prefetch lost 16-19%). H100, kernels timed over
+# three alternating rounds (probes_h100_2026-11-27_thirtyseventh.md §2-3), TB/s, bf16 llama unless noted. The
+# previous kernel (no prefetch) → two loops with prefetch: 4096×16384 2.42 → 2.51, 8192×32768 2.56 → 2.65, 4096×65536
+# 2.58 → 2.69, 2048×131072 2.61 → 2.73, 1024×262144 2.56 → 2.68; fp16 8192×32768 2.61 → 2.68, 2048×131072 2.68 →
+# 2.77; gemma 4096×65536 2.67 → 2.77, gemma fp16 1024×262144 2.67 → 2.82. Two loops without → with prefetch:
+# 4096×12288 2.34 → 2.45, 32768×16384 2.52 → 2.62, 512×540672 1.76 → 2.05; the fused add's backward (with dh) gains
+# 1-13% (4096×65536 2.60 → 2.68, gemma 2048×131072 2.69 → 2.98, 512×540672 1.85 → 2.10).
 FWD_BANDS_PREFETCH_MAX_N = 131072
 FWD_BANDS_MIN_N = FWD_RESIDENT_MAX_N + 1
 
@@ -192,8 +197,8 @@ class Config:
 
 def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None, fused: bool = False) -> Config | None:
     """The band config for rows of ``n`` columns on a GPU of ``sms`` SMs from the Pallas band tables and grid
-    (``band_tables.band_grid``; their prefetch for the plain forward, not the ``fused`` add's, up to
-    ``FWD_BANDS_PREFETCH_MAX_N`` columns); None where rows take no bands: shorter than ``min_n`` (default
+    (``band_tables.band_grid``; their prefetch for the backward, and for the plain forward, not the ``fused`` add's,
+    up to ``FWD_BANDS_PREFETCH_MAX_N`` columns); None where rows take no bands: shorter than ``min_n`` (default
     ``BANDS_MIN_N`` / ``FWD_BANDS_MIN_N``; the bench passes 0 to time bands where the heuristic does not take them),
     or more than ``band_tables.BANDS_MAX_PER_SM`` bands per SM."""
     if min_n is None:
@@ -202,7 +207,7 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None, 
     if grid is None:
         return None
     (cols, rows, warps, lag, prefetch, _), groups = grid
-    prefetch = prefetch and not (backward or fused) and n <= FWD_BANDS_PREFETCH_MAX_N
+    prefetch = prefetch and (backward or (not fused and n <= FWD_BANDS_PREFETCH_MAX_N))
     return Config(rows, cols, warps, lag=lag, groups=groups, prefetch=prefetch)
 
 
