@@ -84,6 +84,7 @@ def _sum_slots(vals, slot_mask, BLOCK_M: tl.constexpr, S: tl.constexpr):
     """Σ over each row's ``S`` slots (padding masked out) as one fixed pairwise tree, ((s0 + s1) + (s2 + s3)) + ...:
     every level adds pairs, so the bits do not depend on the layout Triton picks for ``vals``, which can differ
     between two call sites (``tl.sum`` adds each thread's elements first, then across threads)."""
+    tl.static_assert(S < 1 << 16, "_sum_slots adds at most 15 levels")
     v = tl.where(slot_mask, vals, 0.0)
     for level in tl.static_range(1, 16):
         if (S >> level) >= 1:
