@@ -114,7 +114,7 @@ def test_heuristic_takes_bands_for_long_rows():
     """One-warp programs on 1024-column bands of one row, in row groups (8 / 16 programs per SM), while a row has at
     most ``BANDS_MAX_PER_SM`` bands per SM: the backward beyond 8192 columns, the forward for rows longer than the
     32768 it holds in registers, its next block prefetched up to ``FWD_BANDS_PREFETCH_MAX_N`` columns (the
-    backward's at every length, the fused add's too);
+    backward's, plain and fused add, at every length);
     ``BANDS_SPARE`` slots left free (16384 columns: 64 groups of 16 bands in the 8 × 132 slots, not 66)."""
     band = functools.partial(triton_config.Config, 1, 1024, 1, lag=2)
     assert triton_config.backward_config(262144, 132) == band(groups=4, prefetch=True)
