@@ -108,6 +108,15 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
 
 
 @triton.jit
+def _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, EVICT: tl.constexpr):
+    """Block t - LAG's band read again (L2), to finish it: ``(offs_b, mask_b, x_b, dy_b, rstd_b)``."""
+    offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
+    return (offs_b, mask_b, tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
+            tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
+            tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0))
+
+
+@triton.jit
 def _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
                NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Block t's band: its dweight terms added to ``dw`` (returned) and, with NEED_DX, its rows' ``Σ g·x`` posted."""
@@ -168,10 +177,8 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                 x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
             if NEED_DX:  # block t - LAG: its slots and its band again (L2), in flight during block t's math
                 rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
-                offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
-                x_b = tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first")
-                dy_b = tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy="evict_first")
-                rstd_b = tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0)
+                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                                                                "evict_first")
             dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
                             CASTING, DT, EMULATE_BF16)
             if NEED_DX:
@@ -196,10 +203,9 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
             vals = _fill_missing(X, DY, W, rows_b, slot_mask, posted, pcols, N, offset, P, BLOCK_N, False, HAS_WEIGHT,
                                  False, CASTING, DT, EMULATE_BF16)
             total = _sum_slots(vals, slot_mask, BLOCK_M, S)
-            offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
-            _bwd_finish(tl.load(X + offs_b, mask=mask_b, other=0.0), tl.load(DY + offs_b, mask=mask_b, other=0.0),
-                        tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0), total, w_eff, DH, DX, offs_b, mask_b, N,
-                        HAS_WEIGHT, HAS_DH, CASTING, DT, EMULATE_BF16)
+            offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, "")
+            _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH, CASTING, DT,
+                        EMULATE_BF16)
     if NEED_DW and G == 1:
         tl.store(DW + cols, _to_dt(dw, WDT, EMULATE_BF16), mask=col_mask)
     elif NEED_DW:
