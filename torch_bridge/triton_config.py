@@ -77,6 +77,15 @@ BWD_FEW_WARPS_MAX_N = 1024
 # float16 (thirty-fourth session, probes_h100_2026-11-27_thirtyfourth.md §1): 32768×16384 2.58 → 2.76, 4096×16384
 # 2.47 → 2.63.
 BWD_RESIDENT_LOW = {16384: (1, 16)}
+# rms_norm's backward (not the fused add's) of 16-bit rows of exactly these lengths, every casting: the row held whole,
+# (rows per program, warps) on one program per SM, N a compile-time constant, the weight loaded again for every row
+# block and dweight's term added before the row's sum (``Config.reload_weight``: neither w_eff nor dy live across it;
+# ptxas, bf16: no spills where the held tile spilled 56 bytes (llama) and 148 (gemma)). Thirty-eighth session (H100,
+# launched by torch, kernels timed, three rounds alternating in one process; probes_h100_2026-11-27_thirtyeighth.md
+# §1), TB/s, the heuristic → this: bf16 llama (BWD_RESIDENT_LOW's held tile) 4096×16384 2.71 → 2.77, 32768×16384
+# 2.83 → 2.95; bf16 gemma (bands) 2.58 → 2.76, 2.67 → 2.92; float16 (held) 2.55 → 2.70, 2.67 → 2.92. With run-time
+# N it spills again and reads below the held tile (2.52-2.78): ragged full rows keep BWD_RESIDENT_LOW or bands.
+BWD_RESIDENT_RELOAD = {16384: (1, 16)}
 # rms_norm's resident backward (not the fused add's, not the pieces) of full rows of these lengths, up to this many
 # rows (None: any), compiles with N a compile-time constant (``Config.n_const``, as the forward's FWD_N_CONST): a power
 # of two, so ``sum(g·x) / N`` and the masks keep their bits (dx and dweight digests equal off and on at every shape
@@ -153,7 +162,9 @@ class Config:
     (``triton_two_pass``) two passes, the first loading with L1's ``evict_last`` hint and the second
     ``evict_first``, the row length a compile-time constant; a resident row's loads (x, residual, weight) all
     ``evict_last``. ``n_const`` (a row held whole, without bands or pieces; the forward's and the backward's): the
-    row length a compile-time constant (one compile per N; the mask then only rows')."""
+    row length a compile-time constant (one compile per N; the mask then only rows'). ``reload_weight`` (the
+    resident backward, not the pieces): the weight loaded for every row block (an L1 hit) instead of held in registers,
+    and dweight's term added before the row's sum (fewer registers live across it; the same bits)."""
 
     block_m: int
     block_n: int
@@ -168,6 +179,7 @@ class Config:
     pieces: bool = False
     l1_hints: bool = False
     n_const: bool = False
+    reload_weight: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps", "rowdot_block_n", "rowdot_warps"):
@@ -182,13 +194,16 @@ class Config:
             raise ValueError(f"lag must be an int >= 0, got {self.lag!r}")
         if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
             raise ValueError(f"groups must be an int >= 1, got {self.groups!r}")
-        for flag in ("prefetch", "pieces", "l1_hints", "n_const"):
+        for flag in ("prefetch", "pieces", "l1_hints", "n_const", "reload_weight"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if self.l1_hints and (self.lag or self.pieces):
             raise ValueError(f"l1_hints is an option of the forward without bands (lag=0, no pieces), got {self}")
         if self.n_const and (self.lag or self.pieces):
             raise ValueError(f"n_const is an option of rows held whole without bands or pieces (lag=0, no pieces), "
+                             f"got {self}")
+        if self.reload_weight and (self.lag or self.pieces or self.l1_hints):
+            raise ValueError(f"reload_weight is an option of the resident backward (lag=0, no pieces, no l1_hints), "
                              f"got {self}")
 
     def chunked(self, n: int) -> bool:
@@ -252,23 +267,29 @@ def resident_low(n: int) -> bool:
     return next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n)
 
 
-def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0) -> Config:
-    """``_backward_config`` for a backward of ``m`` rows (0: few): N a compile-time constant in ``rms_norm``'s backward
-    (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the cache's key takes that, not ``m``,
-    so that varying batch sizes do not grow it)."""
-    return _backward_config(n, sms, fused, low, not fused and n in BWD_N_CONST and m <= (BWD_N_CONST[n] or m))
+def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0, *,
+                    itemsize: int = 2) -> Config:
+    """``_backward_config`` for a backward of ``m`` rows (0: few) of ``itemsize``-byte values: N a compile-time
+    constant in ``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the
+    cache's key takes that, not ``m``, so that varying batch sizes do not grow it)."""
+    return _backward_config(n, sms, fused, low, not fused and n in BWD_N_CONST and m <= (BWD_N_CONST[n] or m),
+                            itemsize == 2)
 
 
 @functools.cache
-def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool) -> Config:
-    """``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole on one
-    program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
+def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True) -> Config:
+    """``rms_norm``'s backward (not ``fused``) of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths
+    held whole on one program per SM, reloading the weight; of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole
+    on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only). ``n_const``: rows held whole (not as pieces)
     compile with N a compile-time constant."""
+    if half and not fused and n in BWD_RESIDENT_RELOAD:
+        block_m, warps = BWD_RESIDENT_RELOAD[n]
+        return Config(block_m, n, warps, programs_per_sm=1, n_const=True, reload_weight=True)
     if low and not fused and resident_low(n):
         block_m, warps = BWD_RESIDENT_LOW[next_pow2(n)]
         return Config(block_m, next_pow2(n), warps, programs_per_sm=1, n_const=n_const)

@@ -117,7 +117,8 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
                 PREFETCH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, CT: tl.constexpr,
-                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr, N_CONST: tl.constexpr):
+                WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr, N_CONST: tl.constexpr,
+                RELOAD_W: tl.constexpr):
     """Persistent grid (G, column chunks): program (p, j) walks row blocks p, p+G, ... of chunk j.
 
     dx goes to a new buffer DX; dweight partials accumulate in registers and land in DWP[p, chunk]; with
@@ -127,7 +128,9 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     PREFETCH: the next row block's x, dy and rstd are loaded before the current one's math (in flight meanwhile;
     the same values, hence the same bits). LOW (``_grad_in_dtype``: dy and w_eff both values of DT): g = r(dy ·
     w_eff) as one multiply in DT, the float32 product's bits, w_eff held as DT (half the registers of float32).
-    N_CONST (a full row held whole): N as a compile-time constant, else 0.
+    N_CONST (a full row held whole): N as a compile-time constant, else 0. RELOAD_W (``Config.reload_weight``): the
+    weight is loaded again for every row block (an L1 hit) instead of held across the loop, and dweight's term is
+    added before the row's sum, so that neither the weight nor dy is live across it (the same values, the same bits).
     """
     if N_CONST:  # the row length a compile-time constant (``Config.n_const``)
         N = N_CONST
@@ -135,10 +138,11 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w_eff = tl.zeros([BLOCK_N], dtype=CT)
-    if LOW:
-        w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
-    elif HAS_WEIGHT:
-        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    if not RELOAD_W:
+        if LOW:
+            w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+        elif HAS_WEIGHT:
+            w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
     if PREFETCH:
         x_next, dy_next, rstd_next = _bwd_block(X, DY, RSTD, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, col_mask,
@@ -153,9 +157,16 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
         else:
             x, dy, rstd = _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N)
         x = x.to(CT)
+        if RELOAD_W and NEED_DX:  # the weight again from L1, not held
+            if LOW:
+                w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+            elif HAS_WEIGHT:
+                w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
         if NEED_DX and LOW:
             g = (dy * w_low[None, :]).to(CT)
         dy = dy.to(CT)
+        if NEED_DW and RELOAD_W:  # before the row's sum: dy is not live across it
+            dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
         if NEED_DX:
             if not LOW:
                 g = _grad_n(dy, w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
@@ -167,7 +178,7 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
             if HAS_DH:
                 dx += tl.load(DH + offs, mask=mask, other=0.0).to(CT)
             tl.store(DX + offs, _to_dt(dx, DT, EMULATE_BF16), mask=mask)
-        if NEED_DW:
+        if NEED_DW and not RELOAD_W:
             dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
     if NEED_DW:
         if DW_DIRECT:
@@ -230,8 +241,9 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     row_dtype = h_dtype if fused else x.dtype
     low = _output_in_dtype(weight, row_dtype, offset, casting)
     cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M, fused)
-    if cfg.pieces:
-        raise ValueError(f"pieces is an option of the backward, got {cfg} for the forward")
+    for option in ("pieces", "reload_weight"):
+        if getattr(cfg, option):
+            raise ValueError(f"{option} is an option of the backward, got {cfg} for the forward")
     if rstd is None:
         rstd = x.new_empty(x.shape[:-1], dtype=custom_ops.compute_dtype(row_dtype))
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
@@ -275,7 +287,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
     low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     # arguments given positionally: keywords made this per-call lookup 79 → 168 ns when it was the cache itself
-    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M)
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M, itemsize=x.itemsize)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
@@ -323,7 +335,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
                                       num_warps=cfg.num_warps,
                                       **({} if pieces else dict(LOW=low, N_CONST=N if cfg.n_const and not chunked
-                                                                else 0)),
+                                                                else 0, RELOAD_W=cfg.reload_weight)),
                                       **_common(x)),
                          interpret=INTERPRET)
     if not need_dweight or direct:
