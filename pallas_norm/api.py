@@ -171,7 +171,7 @@ def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out
     if _is_mosaic(impl):
         return mosaic.backward(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
                                interpret=impl == "mosaic_interpret")
-    config = pallas_config.fit(config, m, n, backward=True, fused=dh_out is not None)
+    config = pallas_config.fit(config, m, n, backward=True, fused=dh_out is not None, itemsize=x2.dtype.itemsize)
     launch = bands.backward if config.lag else kernels.backward
     return launch(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out, config=config,
                   interpret=impl == "interpret")

@@ -68,6 +68,15 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
 # rounds each), 1024 too: XLA's launch → jaxlib's, 32768×1024 2.77 / 2.85 → 2.80 / 2.90 (without the cap 2.72 /
 # 2.90), 4096×1024 1.99 / 2.15 → 2.03 / 2.25 (1.97 / 2.24); 32768×2048's plain 2.85 → 2.90, the other widths ±0.5%.
 BWD_FFI_RESIDENT = frozenset({1024, 2048, 4096, 8192})
+# The backward (plain and fused add) of 16-bit rows of exactly these lengths (not on a grid of one program): held whole
+# on BWD_RESIDENT's tile (one program per SM on 16 warps, the weight loaded for every row block and dweight's term
+# added before the row's sum: ``Config.reload_weight``) launched by jaxlib's Triton call, instead of column bands.
+# Thirty-eighth session (H100, from JAX, kernels timed, two rounds; probes_h100_2026-11-27_thirtyeighth.md §2), TB/s,
+# bands → this: bf16 llama 4096×16384 2.57 → 2.71-2.74, 32768×16384 2.64 → 2.89, gemma 2.67 → 2.72-2.74, 2.74 →
+# 2.88, fp16 4096×16384 2.61 → 2.74-2.75; the fused add's (4·M·N·2 bytes) 2.58 → 2.80-2.81, 2.60 → 2.95, gemma 2.67 →
+# 2.85. Spill-free (128 registers; the fused add's 48 B of local memory); XLA's launch reads 2.29-2.54, the tile
+# holding the weight spills 64-144 B and reads 2.26-2.70. Mosaic GPU (``impl=None``'s) reads the same within 1%.
+BWD_FFI_HELD = frozenset({16384})
 # The forward (plain and fused add: both or neither, so the fused add's y and rstd are rms_norm(h)'s bits) of full
 # rows of these padded lengths on their FWD_RESIDENT / FWD_ADD_RESIDENT tiles, launched by jaxlib's Triton call where
 # the plain tile's grid fits the GPU at once: at most ``rows per SM × SMs`` rows (the value). Every program's loads

@@ -202,10 +202,16 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         fetched = (tiles(x_ref), tiles(dy_ref), backend.load(rstd_ref.at[rows], rmask))
         return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx else fetched
 
+    def dweight_terms(dw_acc, x32, dy32, rstd):
+        return tuple(acc + jnp.sum(rowmath.dweight_terms(d, rowmath.normalized(xp, rstd, casting, rounder(dt))),
+                                   axis=0) for acc, d, xp in zip(dw_acc, dy32, x32))
+
     def use(t, tiles, dw_acc):
         rows, rmask = _span((pid + t * programs) * br, br, m)
         x32, dy32 = ([a.astype(F32) for a in tiles[i]] for i in (0, 1))
         rstd = tiles[2][:, None]
+        if need_dw and config.reload_weight:  # before the row's sum: dy is not live across it (the same bits)
+            dw_acc = dweight_terms(dw_acc, x32, dy32, rstd)
         if need_dx:
             ws = weights() if config.reload_weight else w_eff
             # low: dy and w_eff in dt, so r(dy·w_eff) is one multiply in dt, widened (round_to: kept under XLA too)
@@ -224,9 +230,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
                     dx = rowmath.grad_residual(dx, tiles[3][i].astype(F32))
                 dx = dx.astype(dt)
                 backend.store(dx_ref.at[rows[:, None], c[None, :]], dx, _tile_mask(rmask, c, cm))
-        if need_dw:
-            dw_acc = tuple(acc + jnp.sum(rowmath.dweight_terms(d, rowmath.normalized(xp, rstd, casting, rounder(dt))),
-                                         axis=0) for acc, d, xp in zip(dw_acc, dy32, x32))
+        if need_dw and not config.reload_weight:
+            dw_acc = dweight_terms(dw_acc, x32, dy32, rstd)
         return dw_acc
 
     dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use,

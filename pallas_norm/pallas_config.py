@@ -11,7 +11,7 @@ import dataclasses
 
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
-from .ffi_tables import (BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401 (re-exported)
+from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401
                          FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS, two_pass_tile)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
@@ -66,8 +66,8 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # best with 8192 elements over 16 warps and one program per SM (2026-11-24 sweep, bench/results/
 # sweep_h100_bwd_2026-11-24.md: 32768×4096 2.71 TB/s against 2.58 for 4096 elements, 8 warps, 2 per SM; 32768×1024
 # 1.91 against 1.79; 32768×3584 2.62 against 2.49; the fused add's backward, which also reads dh_out, 2.82 against
-# 2.12 at 32768×4096). At 16384 every variant spills, least with the weight out of registers (32768×16384: 2.45
-# against 1.66).
+# 2.12 at 32768×4096). At 16384 every variant spilled, least with the weight out of registers (32768×16384: 2.45
+# against 1.66); with dweight's term added before the row's sum too it does not (ffi_tables.BWD_FFI_HELD).
 # Fourteenth session: the dweight reduction's cost had kept the grid at one program per SM. With it at 1.4-3.4 µs
 # for 132-528 partial rows (dweight.REDUCE_ROWS), more and smaller programs pay at 512-2048 columns. From JAX (the
 # kernels' durations, XLA's launch; H100, bf16, bench/results/sweep_h100_bwd_jax_2026-11-26.md; plain / fused add
@@ -193,8 +193,8 @@ class Config:
     settings; ``programs`` the persistent grid of the backward (one float32 ``dweight`` partial each) and of the
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
-    the backward loads the weight for every row block (an L1 hit) instead of holding it in registers (fewer live
-    registers for long resident rows); ``lag`` (chunked rows; 0: off): programs own column bands of ``block_cols``
+    the backward loads the weight for every row block (an L1 hit) instead of holding it in registers and adds
+    dweight's term before the row's sum (fewer live registers for long resident rows; the same bits); ``lag`` (chunked rows; 0: off): programs own column bands of ``block_cols``
     and exchange row sums through global memory, a block finished ``lag`` row blocks after its sums were posted
     (``bands.py``: x and dy read from memory once); ``programs`` is then the band count times the row groups
     (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
@@ -258,7 +258,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
-    banded = bands_config(m, n, backward=backward)
+    held = backward and itemsize == 2 and n in BWD_FFI_HELD and not one_program(m, n) and _available()
+    banded = None if held else bands_config(m, n, backward=backward)
     if banded is not None:
         return banded
     if n_pad > MAX_RESIDENT_COLS:
@@ -276,7 +277,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n), l1_hints=hints), m, n,
                    backward=False)
-    pieces, ffi = n in BWD_PIECES, ffi_backward(n)
+    pieces, ffi = n in BWD_PIECES, held or ffi_backward(n)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
     else:

@@ -59,9 +59,10 @@ def test_the_forward_s_ptx_has_nothing_left_to_contract(monkeypatch):
 
 
 def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch):
-    """Full rows of the table's padded lengths, the forward only (plain and fused add, one tile, with the resident
-    L1 hints: ``test_two_pass.py``); without ``available()`` nothing changes (the XLA-launched tiles, Mosaic GPU for
-    32768 columns)."""
+    """Full rows of the table's padded lengths, the forward (plain and fused add, one tile, with the resident L1
+    hints: ``test_two_pass.py``), and the backward of 16-bit rows of exactly 16384 (``BWD_FFI_HELD``: held on one
+    program per SM reloading the weight, not on column bands; not ragged rows, float32 or a one-program grid);
+    without ``available()`` nothing changes (the XLA-launched tiles, Mosaic GPU for 32768 columns)."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
@@ -80,7 +81,11 @@ def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch
             assert pallas_config.heuristic(4096, n, backward=False, fused=fused) == Config(1, 8192, 16, **ffi)
     for n in (4096, 2304, 2048):  # shorter full rows and padded ones stay XLA-launched (5120: test_two_pass.py)
         assert not pallas_config.heuristic(4096, n, backward=False).ffi_launch
-    assert not pallas_config.heuristic(4096, 16384, backward=True).ffi_launch  # column bands
+    held = Config(1, 16384, 16, programs=128, reload_weight=True, ffi_launch=True)  # BWD_FFI_HELD
+    assert pallas_config.heuristic(4096, 16384, backward=True) == held
+    assert pallas_config.heuristic(4096, 16384, backward=True, fused=True) == held
+    for m, n, itemsize in ((4096, 16000, 2), (4096, 16384, 4), (4, 16384, 2)):  # ragged, float32, one program
+        assert not pallas_config.heuristic(m, n, backward=True, itemsize=itemsize).ffi_launch
 
 
 def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeypatch):
@@ -107,7 +112,8 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
-    fills 7/8 of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib; so are the pieces of ``BWD_FFI_PIECES``
+    fills 7/8 of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib, and rows of 16384 leave their bands for
+    it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
     (2304, 2560, 5120), on that table's grid (the plain backward's 5120 on ``BWD_FFI_PIECES_PLAIN``'s 4 warps,
     prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
     without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
@@ -120,8 +126,11 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     assert [auto.lowering(True, n) for n in (2304, 2560, 5120)] == ["pallas", "mosaic", "mosaic"]
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
-    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {1024, 2048, 3584, 4096, 8192, 2304, 2560, 5120}
-    assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths if n not in (2560, 5120))
+    assert {n for n, c in jaxlib.items() if c.ffi_launch} == {1024, 2048, 3584, 4096, 8192, 2304, 2560, 5120,
+                                                               16384}
+    assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths
+               if n not in (2560, 5120, 16384))
+    assert xla[16384].lag and jaxlib[16384].reload_weight  # BWD_FFI_HELD: bands without jaxlib
     tiles = {n: (c.block_rows, c.num_warps, c.programs, c.prefetch, c.pieces) for n in (2304, 2560, 5120)
              for c in [jaxlib[n]]}
     assert tiles == {2304: (1, 4, 528, False, True), 2560: (1, 4, 528, False, True), 5120: (1, 4, 264, True, True)}
@@ -220,6 +229,28 @@ def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype,
     r, _, dh = jax_inputs(shape, dtype, offset, seed=10)
     h = pn.rms_norm_add(x, r, w, **mode)[1]
     fused = jax.vjp(lambda b: pn.rms_norm_add(x, r, b, **mode), w)[1]((dy, dh))[0]
+    np.testing.assert_array_equal(bits(fused), bits(bwd(h, w, dy)[1]))
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("dtype,casting,offset", [(jnp.bfloat16, "llama", 0.0), (jnp.bfloat16, "gemma", 1.0),
+                                                  (jnp.float16, "none", 0.0)], ids=str)
+def test_gpu_held_16384_backward_runs_through_jaxlib_and_matches_float64_rule(dtype, casting, offset):
+    """``impl="pallas"``'s backward of rows of 16384 (``BWD_FFI_HELD``: held on one program per SM, the weight
+    reloaded) holds the jaxlib call, meets the accuracy rule, and the fused add's dweight is ``rms_norm(h)``'s
+    bits."""
+    shape = (1000, 16384)
+    config = pallas_config.heuristic(*shape, backward=True)
+    assert config.ffi_launch and config.reload_weight and not config.lag
+    x, w, dy = jax_inputs(shape, dtype, offset, seed=16)
+    mode = dict(eps=1e-6, offset=offset, casting=casting)
+    bwd = jax.jit(lambda a, b, c: jax.vjp(lambda a, b: pn.rms_norm(a, b, impl="pallas", **mode), a, b)[1](c))
+    assert triton_ffi.FFI_TARGET in bwd.lower(x, w, dy).as_text()
+    check_jax(x, w, dy, "pallas", **mode)
+    r, _, dh = jax_inputs(shape, dtype, offset, seed=17)
+    h = pn.rms_norm_add(x, r, w, impl="pallas", **mode)[1]
+    fused = jax.vjp(lambda b: pn.rms_norm_add(x, r, b, impl="pallas", **mode), w)[1]((dy, dh))[0]
     np.testing.assert_array_equal(bits(fused), bits(bwd(h, w, dy)[1]))
 
 
