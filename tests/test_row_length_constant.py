@@ -80,14 +80,14 @@ def test_backward_with_the_row_length_constant_keeps_the_bits(casting, monkeypat
 
 def test_heuristics_set_it_on_full_rows_only():
     """The forward's plain tile at exactly 1024 columns (``FWD_N_CONST``); ``rms_norm``'s resident backward at exactly
-    ``BWD_N_CONST``'s lengths (2048 up to 16384 rows) and ``BWD_RESIDENT_RELOAD``'s (16384); never the fused add's
-    backward, ragged rows, the pieces (2304, 5120), longer rows or column bands."""
+    ``BWD_N_CONST``'s lengths (2048 up to 16384 rows); the backward of ``BWD_RESIDENT_RELOAD``'s (16384), the fused
+    add's too; never ragged rows, the pieces (2304, 5120), longer rows or column bands."""
     fwd = {n for n in (1000, 1024, 2048, 4096) if triton_config.forward_config(n).n_const}
     assert fwd == {1024}
     widths = (512, 1000, 1024, 2048, 2304, 4096, 5120, 8192, 13000, 16384, 32768)
     for m, want in ((4096, {1024, 2048, 16384}), (16384, {1024, 2048, 16384}), (32768, {1024, 16384})):
         assert {n for n in widths if triton_config.backward_config(n, 132, False, True, m).n_const} == want
-        assert not any(triton_config.backward_config(n, 132, True, False, m).n_const for n in widths)
+        assert {n for n in widths if triton_config.backward_config(n, 132, True, False, m).n_const} == {16384}
     with pytest.raises(ValueError, match="n_const is an option of rows held whole"):
         triton_config.Config(1, 1024, 1, lag=2, n_const=True)
     with pytest.raises(ValueError, match="n_const is an option of rows held whole"):

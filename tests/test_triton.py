@@ -153,9 +153,9 @@ def test_backward_prefetch_changes_no_bits(config, casting):
 def test_backward_heuristic_prefetches_resident_rows():
     """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192); per-head
     rows (128, 256) do not, nor the fused add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``), whose
-    plain backward does (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for ``rms_norm``'s
-    backward of 16-bit rows of exactly 16384 (``BWD_RESIDENT_RELOAD``) and of full rows of 16384 padded columns
-    where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
+    plain backward does (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for the backward of
+    16-bit rows of exactly 16384 (``BWD_RESIDENT_RELOAD``, the fused add's too) and ``rms_norm``'s of full rows of
+    16384 padded columns where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
     picks = {n: (c.prefetch, c.programs_per_sm) for n in (128, 256, 512, 2300, 2304, 5000, 5120, 8192)
              for c in [triton_config.backward_config(n)]}
     assert picks == {128: (False, 2), 256: (False, 2), 512: (True, 2), 2300: (True, 2), 2304: (True, 4),
@@ -166,9 +166,10 @@ def test_backward_heuristic_prefetches_resident_rows():
     assert triton_config.backward_config(10000).lag
     resident = triton_config.Config(1, 16384, 16, programs_per_sm=1)  # BWD_RESIDENT_LOW: full rows, plain, low
     assert triton_config.backward_config(13000, 132, False, True) == resident
-    reload = dataclasses.replace(resident, n_const=True, reload_weight=True)  # BWD_RESIDENT_RELOAD: 16-bit, plain
+    reload = dataclasses.replace(resident, n_const=True, reload_weight=True)  # BWD_RESIDENT_RELOAD: 16-bit rows
     assert triton_config.backward_config(16384, 132, False, True) == triton_config.backward_config(16384) == reload
-    for n, fused, low, itemsize in ((13000, False, False, 2), (16384, True, True, 2), (10000, False, True, 2),
+    assert triton_config.backward_config(16384, 132, True) == reload  # the fused add's too
+    for n, fused, low, itemsize in ((13000, False, False, 2), (13000, True, True, 2), (10000, False, True, 2),
                                     (16384, False, False, 4)):
         assert triton_config.backward_config(n, 132, fused, low, itemsize=itemsize).lag
     with pytest.raises(ValueError, match="prefetch"):

@@ -77,14 +77,16 @@ BWD_FEW_WARPS_MAX_N = 1024
 # float16 (thirty-fourth session, probes_h100_2026-11-27_thirtyfourth.md §1): 32768×16384 2.58 → 2.76, 4096×16384
 # 2.47 → 2.63.
 BWD_RESIDENT_LOW = {16384: (1, 16)}
-# rms_norm's backward (not the fused add's) of 16-bit rows of exactly these lengths, every casting: the row held whole,
+# The backward (plain and fused add) of 16-bit rows of exactly these lengths, every casting: the row held whole,
 # (rows per program, warps) on one program per SM, N a compile-time constant, the weight loaded again for every row
 # block and dweight's term added before the row's sum (``Config.reload_weight``: neither w_eff nor dy live across it;
 # ptxas, bf16: no spills where the held tile spilled 56 bytes (llama) and 148 (gemma)). Thirty-eighth session (H100,
 # launched by torch, kernels timed, three rounds alternating in one process; probes_h100_2026-11-27_thirtyeighth.md
 # §1), TB/s, the heuristic → this: bf16 llama (BWD_RESIDENT_LOW's held tile) 4096×16384 2.71 → 2.77, 32768×16384
-# 2.83 → 2.95; bf16 gemma (bands) 2.58 → 2.76, 2.67 → 2.92; float16 (held) 2.55 → 2.70, 2.67 → 2.92. With run-time
-# N it spills again and reads below the held tile (2.52-2.78): ragged full rows keep BWD_RESIDENT_LOW or bands.
+# 2.83 → 2.95; bf16 gemma (bands) 2.58 → 2.76, 2.67 → 2.92; float16 (held) 2.55 → 2.70, 2.67 → 2.92. The fused
+# add's (bands before; 4·M·N·2 bytes, §3): bf16 llama 2.55 → 2.88, 2.63 → 3.03, gemma 2.65 → 2.89, 2.72 → 3.04,
+# float16 2.78 → 2.89, 2.85 → 3.03 (32 warps: 2.72-2.90). With run-time N it spills again and reads below the held
+# tile (2.52-2.78): ragged full rows keep BWD_RESIDENT_LOW or bands.
 BWD_RESIDENT_RELOAD = {16384: (1, 16)}
 # rms_norm's resident backward (not the fused add's, not the pieces) of full rows of these lengths, up to this many
 # rows (None: any), compiles with N a compile-time constant (``Config.n_const``, as the forward's FWD_N_CONST): a power
@@ -278,8 +280,8 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
 
 @functools.cache
 def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True) -> Config:
-    """``rms_norm``'s backward (not ``fused``) of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths
-    held whole on one program per SM, reloading the weight; of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole
+    """The backward of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths held whole on one program
+    per SM, reloading the weight; ``rms_norm``'s (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole
     on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
@@ -287,7 +289,7 @@ def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, ha
     ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU
     of ``sms`` SMs (the launcher uses them for float32 compute only). ``n_const``: rows held whole (not as pieces)
     compile with N a compile-time constant."""
-    if half and not fused and n in BWD_RESIDENT_RELOAD:
+    if half and n in BWD_RESIDENT_RELOAD:
         block_m, warps = BWD_RESIDENT_RELOAD[n]
         return Config(block_m, n, warps, programs_per_sm=1, n_const=True, reload_weight=True)
     if low and not fused and resident_low(n):
