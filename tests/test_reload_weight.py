@@ -1,6 +1,6 @@
 """The Triton reference's resident backward loading the weight again for every row block
 (``triton_config.Config.reload_weight``; the heuristic's tile for the backward of 16-bit rows of 16384,
-``BWD_RESIDENT_RELOAD``, plain and fused add): the held tile's dx and dweight bits, every casting, plain and the fused add's, with and
+``BWD_RESIDENT_RELOAD``): the held tile's dx and dweight bits, every casting, plain and the fused add's, with and
 without g's 16-bit product (``low``), and the accuracy rule. Broken variant: a launch whose reloaded weight is the
 weight rolled by one column, which both the bits and the rule catch."""
 

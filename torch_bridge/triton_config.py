@@ -80,7 +80,7 @@ BWD_RESIDENT_LOW = {16384: (1, 16)}
 # The backward (plain and fused add) of 16-bit rows of exactly these lengths, every casting: the row held whole,
 # (rows per program, warps) on one program per SM, N a compile-time constant, the weight loaded again for every row
 # block and dweight's term added before the row's sum (``Config.reload_weight``: neither w_eff nor dy live across it;
-# ptxas, bf16: no spills where the held tile spilled 56 bytes (llama) and 148 (gemma)). Thirty-eighth session (H100,
+# ptxas, bf16: no spills where the held tile spilled 56 bytes (llama) and 128-148 (gemma)). Thirty-eighth session (H100,
 # launched by torch, kernels timed, three rounds alternating in one process; probes_h100_2026-11-27_thirtyeighth.md
 # §1), TB/s, the heuristic → this: bf16 llama (BWD_RESIDENT_LOW's held tile) 4096×16384 2.71 → 2.77, 32768×16384
 # 2.83 → 2.95; bf16 gemma (bands) 2.58 → 2.76, 2.67 → 2.92; float16 (held) 2.55 → 2.70, 2.67 → 2.92. The fused
@@ -281,8 +281,8 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
 @functools.cache
 def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True) -> Config:
     """The backward of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths held whole on one program
-    per SM, reloading the weight; ``rms_norm``'s (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held whole
-    on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
+    per SM, reloading the weight; ``rms_norm``'s (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held
+    whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N``; long rows in chunks of
