@@ -194,12 +194,13 @@ class Config:
     long-row forward (``None``: the heuristic's); ``prefetch``: loops load their next tile before using the current
     one (two tiles live per loop, the next one's loads in flight during the current one's math); ``reload_weight``:
     the backward loads the weight for every row block (an L1 hit) instead of holding it in registers and adds
-    dweight's term before the row's sum (fewer live registers for long resident rows; the same bits); ``lag`` (chunked rows; 0: off): programs own column bands of ``block_cols``
-    and exchange row sums through global memory, a block finished ``lag`` row blocks after its sums were posted
-    (``bands.py``: x and dy read from memory once); ``programs`` is then the band count times the row groups
-    (``programs // chunks(n)``; group g walks row blocks g, g + groups, ...), and a group's bands must be resident
-    at once to run at speed; ``carry`` (bands): the last ``lag`` blocks' tiles stay in registers until they are
-    finished instead of being loaded again (from L1 or L2: no second read, more live registers); ``ffi_launch``
+    dweight's term before the row's sum (fewer live registers for long resident rows; the same bits); ``lag``
+    (chunked rows; 0: off): programs own column bands of ``block_cols`` and exchange row sums through global memory,
+    a block finished ``lag`` row blocks after its sums were posted (``bands.py``: x and dy read from memory once);
+    ``programs`` is then the band count times the row groups (``programs // chunks(n)``; group g walks row blocks g,
+    g + groups, ...), and a group's bands must be resident at once to run at speed; ``carry`` (bands): the last
+    ``lag`` blocks' tiles stay in registers until they are finished instead of being loaded again (from L1 or L2: no
+    second read, more live registers); ``ffi_launch``
     (the resident forward and backward): compiled by the ``triton`` package and launched by jaxlib's Triton call
     instead of by XLA (``triton_ffi``: the driver's L1 carveout; GPU only, ignored by the interpreter), a
     persistent grid's kernel held to the registers that let its ``programs`` fit at once (``register_cap``: a tile
