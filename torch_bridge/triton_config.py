@@ -269,7 +269,7 @@ def resident_low(n: int) -> bool:
     return next_pow2(n) in BWD_RESIDENT_LOW and pallas_config.full_row(n)
 
 
-def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0, *,
+def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0,
                     itemsize: int = 2) -> Config:
     """``_backward_config`` for a backward of ``m`` rows (0: few) of ``itemsize``-byte values: N a compile-time
     constant in ``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the

@@ -113,6 +113,18 @@ def _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N):
 
 
 @triton.jit
+def _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr,
+                DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """The backward's w_eff[cols]: with LOW a value of DT (``_weight_low``), else CT (unused without a weight)."""
+    if LOW:
+        return _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+    elif HAS_WEIGHT:
+        return _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    else:
+        return tl.zeros(cols.shape, dtype=CT)
+
+
+@triton.jit
 def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                 NEED_DX: tl.constexpr, NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, DW_DIRECT: tl.constexpr,
@@ -137,12 +149,8 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w_eff = tl.zeros([BLOCK_N], dtype=CT)
-    if not RELOAD_W:
-        if LOW:
-            w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
-        elif HAS_WEIGHT:
-            w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    if not RELOAD_W:  # w_eff held across the loop
+        w_eff = _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=CT)
     if PREFETCH:
         x_next, dy_next, rstd_next = _bwd_block(X, DY, RSTD, pid * BLOCK_M + tl.arange(0, BLOCK_M), cols, col_mask,
@@ -158,12 +166,9 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
             x, dy, rstd = _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N)
         x = x.to(CT)
         if RELOAD_W and NEED_DX:  # the weight again from L1, not held
-            if LOW:
-                w_low = _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
-            elif HAS_WEIGHT:
-                w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+            w_eff = _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT, LOW, CASTING, DT, CT, EMULATE_BF16)
         if NEED_DX and LOW:
-            g = (dy * w_low[None, :]).to(CT)
+            g = (dy * w_eff[None, :]).to(CT)
         dy = dy.to(CT)
         if NEED_DW and RELOAD_W:  # before the row's sum: dy is not live across it
             dw_acc += dy * _normalize(x, rstd, CASTING, DT, CT, EMULATE_BF16)
@@ -287,7 +292,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
     low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     # arguments given positionally: keywords made this per-call lookup 79 → 168 ns when it was the cache itself
-    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M, itemsize=x.itemsize)
+    cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M, x.itemsize)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
