@@ -151,18 +151,22 @@ def test_backward_prefetch_changes_no_bits(config, casting):
 
 
 def test_backward_heuristic_prefetches_resident_rows():
-    """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192); per-head
-    rows (128, 256) do not, nor the fused add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``), whose
-    plain backward does (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for the backward of
-    16-bit rows of exactly 16384 (``BWD_RESIDENT_RELOAD``, the fused add's too) and ``rms_norm``'s of full rows of
-    16384 padded columns where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
-    picks = {n: (c.prefetch, c.programs_per_sm) for n in (128, 256, 512, 2300, 2304, 5000, 5120, 8192)
+    """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192) and
+    per-head rows of 64 and 128 (``BWD_HEADS``: 4 warps, the fused add's too); 256 does not (8 warps), nor the fused
+    add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``), whose plain backward does
+    (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for the backward of 16-bit rows of exactly
+    16384 (``BWD_RESIDENT_RELOAD``, the fused add's too) and ``rms_norm``'s of full rows of 16384 padded columns
+    where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
+    picks = {n: (c.prefetch, c.programs_per_sm, c.num_warps) for n in (64, 96, 128, 256, 512, 2300, 2304, 5000, 5120,
+                                                                       8192)
              for c in [triton_config.backward_config(n)]}
-    assert picks == {128: (False, 2), 256: (False, 2), 512: (True, 2), 2300: (True, 2), 2304: (True, 4),
-                     5000: (True, 1), 5120: (True, 2), 8192: (True, 1)}
-    fused = {n: (c.prefetch, c.programs_per_sm) for n in (2304, 5120, 8192)
+    assert picks == {64: (True, 2, 4), 96: (True, 2, 4), 128: (True, 2, 4), 256: (False, 2, 8), 512: (True, 2, 4),
+                     2300: (True, 2, 8), 2304: (True, 4, 2), 5000: (True, 1, 16), 5120: (True, 2, 4),
+                     8192: (True, 1, 16)}
+    fused = {n: (c.prefetch, c.programs_per_sm, c.num_warps) for n in (64, 128, 256, 2304, 5120, 8192)
              for c in [triton_config.backward_config(n, fused=True)]}
-    assert fused == {2304: (False, 4), 5120: (False, 2), 8192: (True, 1)}
+    assert fused == {64: (True, 2, 4), 128: (True, 2, 4), 256: (False, 2, 8), 2304: (False, 4, 4),
+                     5120: (False, 2, 8), 8192: (True, 1, 16)}
     assert triton_config.backward_config(10000).lag
     resident = triton_config.Config(1, 16384, 16, programs_per_sm=1)  # BWD_RESIDENT_LOW: full rows, plain, low
     assert triton_config.backward_config(13000, 132, False, True) == resident
@@ -181,7 +185,7 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     """Where dy and w_eff are both values of the row dtype (``_grad_in_dtype``), the backward's g = r(dy·w_eff) is
     one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
     columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
-    it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows,
+    it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows and at 256 up to 4096,
     ``BWD_LOW_MAX_ROWS``; float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``). Broken
     variant: the same multiply for gemma (its g is the unrounded float32 product, its w_eff = w + 1 not a value of
     the dtype), which changes dx."""
@@ -193,9 +197,10 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 9000)  # padded: not held whole
     assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 1.0, "gemma", 16384)
     monkeypatch.setattr(triton_kernels, "BWD_LOW_DTYPES", (torch.float16,))
-    rows = {(n, m) for n in (1024, 2048) for m in (0, 16384, 32768)
+    rows = {(n, m) for n in (256, 1024, 2048) for m in (0, 4096, 16384, 32768)
             if triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", n, m)}
-    assert rows == {(1024, 0), (1024, 16384), (1024, 32768), (2048, 0), (2048, 16384)}  # BWD_LOW_MAX_ROWS
+    assert rows == {(256, 0), (256, 4096), (1024, 0), (1024, 4096), (1024, 16384), (1024, 32768), (2048, 0),
+                    (2048, 4096), (2048, 16384)}  # BWD_LOW_MAX_ROWS
     configs = (triton_config.Config(1, 16384, 16, programs_per_sm=1), triton_config.Config(2, 512, 2))
     for n, config in zip((16384, 300), configs):
         x, w, dy = torch_inputs((5, n), torch.float16, offset, seed=n)

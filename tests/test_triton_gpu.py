@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import check_case, torch_inputs, triton_rms_norm
+from helpers import check_case, judge, torch_inputs, triton_rms_norm
 
 rms_norm = triton_rms_norm
 
@@ -90,3 +90,32 @@ def test_fused_add_keeps_rms_norm_of_h_bits_on_its_own_tile(n, casting):
     y_b, _, rstd_b = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=one_warp, residual=r, h_dtype=torch.bfloat16,
                                                  **kw)
     assert not (torch.equal(y_b, y_h) and torch.equal(rstd_b, rstd_h))
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_per_head_rows_pass_the_rule_and_the_fused_add_keeps_rms_norm_s_dweight(n):
+    """Per-head rows (65536 of them; ``triton_config.BWD_HEADS``: 4 warps with prefetch at 64 and 128 columns, plain
+    and fused add; 256: 8 warps, g in float32 from 4097 rows, ``triton_kernels.BWD_LOW_MAX_ROWS``) pass the float64
+    rule, plain and with ``dh_out``, and the fused add's dweight is ``rms_norm``'s bits (one tile; a float32 weight,
+    whose dweight keeps the float32 sum's bits: a bf16 one rounds most orders alike). Broken variant: the plain
+    backward on the other warp count, whose rows' dweight terms are summed in another order."""
+    import dataclasses
+
+    from torch_bridge import triton_config, triton_kernels
+
+    m = 65536
+    x, w, dy = torch_inputs((m, n), torch.bfloat16, 0.0, seed=n)
+    dh = torch_inputs((m, n), torch.bfloat16, 0.0, seed=n + 1)[2]
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    plain = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True)
+    fused = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, dh_out=dh)
+    assert judge(x, w, dy, (y, *plain)) == []
+    assert judge(x, w, dy, (y, *fused), dh_out=dh) == []
+    tile = triton_config.backward_config(n, triton_kernels.triton_launch.sm_count(x), False,
+                                         triton_kernels._grad_in_dtype(w, x.dtype, 0.0, "llama", n, m), m)
+    assert (tile.num_warps, tile.prefetch) == ((8, False) if n == 256 else (4, True))
+    w32 = w.float()
+    dweight = triton_kernels.rms_norm_bwd(dy, x, w32, rstd, 0.0, "llama", False, True)[1]
+    assert torch.equal(triton_kernels.rms_norm_bwd(dy, x, w32, rstd, 0.0, "llama", True, True, dh_out=dh)[1], dweight)
+    other = dataclasses.replace(tile, num_warps=12 - tile.num_warps)
+    assert not torch.equal(triton_kernels.rms_norm_bwd(dy, x, w32, rstd, 0.0, "llama", False, True, other)[1], dweight)
