@@ -55,6 +55,13 @@ WEIGHT_FIRST_F32_MAX_COLS = 1024
 # §9), h last → first, TB/s (4·M·N·2 bytes): 4096×1024 llama 2.42 → 2.75, gemma 2.72 → 2.75, 32768×1024 level;
 # 2048-8192 columns level (±0.3%), gemma 4096×2304 2.77 → 2.74. The same values stored: the same bits.
 H_FIRST_MAX_COLS = 1024
+# Resident tiles of several rows of these padded widths keep dweight's terms per tile row and sum the rows once after
+# the loop (the Triton reference's way), not every block (a cross-warp sum, three barriers per block at 256 columns).
+# Empty until its GPU test (tests/test_dweight_per_row.py) has run. H100, bf16, impl="pallas" from JAX, plain / fused
+# add TB/s, off → on (probes_h100_2026-11-28_thirtyninth.md §5): 1048576×256 2.74 / 2.83 → 2.90 / 2.94, 65536×256
+# 2.38 / 2.54 → 2.58 / 2.67 (jaxlib's launch 1.24 / 1.60 → 2.88 / 3.00); 64 and 128 columns lose (2.85 → 2.44, 2.78 →
+# 2.50).
+DW_PER_ROW: frozenset[int] = frozenset()
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
@@ -173,7 +180,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers (with
     ``config.pieces`` the row's power-of-two pieces, their sums added in piece order). Chunked rows: program
     ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel. ``has_dh_out`` (the fused
-    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``)."""
+    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``). dweight's terms
+    are summed over each row block's rows every block; resident tiles of several rows of ``DW_PER_ROW``'s widths keep
+    them per tile row and sum the rows once after the loop (another order, other bits)."""
     refs = list(refs)
     x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     s_ref = None if config.resident(n) else refs.pop(0)
@@ -202,9 +211,12 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         fetched = (tiles(x_ref), tiles(dy_ref), backend.load(rstd_ref.at[rows], rmask))
         return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx else fetched
 
+    per_row = config.resident(n) and br > 1 and config.block_cols in DW_PER_ROW
+
     def dweight_terms(dw_acc, x32, dy32, rstd):
-        return tuple(acc + jnp.sum(rowmath.dweight_terms(d, rowmath.normalized(xp, rstd, casting, rounder(dt))),
-                                   axis=0) for acc, d, xp in zip(dw_acc, dy32, x32))
+        terms = (rowmath.dweight_terms(d, rowmath.normalized(xp, rstd, casting, rounder(dt))) for d, xp in
+                 zip(dy32, x32))
+        return tuple(acc + (t if per_row else jnp.sum(t, axis=0)) for acc, t in zip(dw_acc, terms))
 
     def use(t, tiles, dw_acc):
         rows, rmask = _span((pid + t * programs) * br, br, m)
@@ -235,8 +247,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         return dw_acc
 
     dw = _walk(cdiv(cdiv(m, br), programs), config.prefetch, fetch, use,
-               tuple(jnp.zeros(c.shape, F32) for c, _ in spans))
+               tuple(jnp.zeros((br, *c.shape) if per_row else c.shape, F32) for c, _ in spans))
     for acc, (c, cm) in zip(dw, spans) if need_dw else ():
+        acc = jnp.sum(acc, axis=0) if per_row else acc
         mask = _col_mask(c, cm)
         if len(dwp_ref.shape) == 1:  # one program (per chunk) saw every row: dweight itself
             backend.store(dwp_ref.at[c], acc.astype(dwp_ref.dtype), mask)
