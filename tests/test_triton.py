@@ -152,11 +152,11 @@ def test_backward_prefetch_changes_no_bits(config, casting):
 
 def test_backward_heuristic_prefetches_resident_rows():
     """The resident backward prefetches for padded rows of 512 to 8192 columns (one program per SM at 8192) and
-    per-head rows of 64 and 128 (``BWD_HEADS``: 4 warps, the fused add's too); 256 does not (8 warps), nor the fused
-    add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``), whose plain backward does
-    (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for the backward of 16-bit rows of exactly
-    16384 (``BWD_RESIDENT_RELOAD``, the fused add's too) and ``rms_norm``'s of full rows of 16384 padded columns
-    where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
+    16-bit per-head rows of 64 and 128 (``BWD_HEADS``: 4 warps, the fused add's too; float32 rows keep 8 warps
+    without); 256 does not (8 warps), nor the fused add's of rows held as their pieces (2304, 5120: ``BWD_PIECES``),
+    whose plain backward does (``BWD_PIECES_PLAIN``); longer rows than 8192 run on column bands, but for the backward
+    of 16-bit rows of exactly 16384 (``BWD_RESIDENT_RELOAD``, the fused add's too) and ``rms_norm``'s of full rows of
+    16384 padded columns where g is a 16-bit multiply (``BWD_RESIDENT_LOW``)."""
     picks = {n: (c.prefetch, c.programs_per_sm, c.num_warps) for n in (64, 96, 128, 256, 512, 2300, 2304, 5000, 5120,
                                                                        8192)
              for c in [triton_config.backward_config(n)]}
@@ -167,6 +167,9 @@ def test_backward_heuristic_prefetches_resident_rows():
              for c in [triton_config.backward_config(n, fused=True)]}
     assert fused == {64: (True, 2, 4), 128: (True, 2, 4), 256: (False, 2, 8), 2304: (False, 4, 4),
                      5120: (False, 2, 8), 8192: (True, 1, 16)}
+    for n in (64, 128):  # float32 rows keep 8 warps without prefetch (BWD_HEADS: 16-bit rows)
+        assert {(c.num_warps, c.prefetch) for f in (False, True)
+                for c in [triton_config.backward_config(n, 132, f, False, itemsize=4)]} == {(8, False)}
     assert triton_config.backward_config(10000).lag
     resident = triton_config.Config(1, 16384, 16, programs_per_sm=1)  # BWD_RESIDENT_LOW: full rows, plain, low
     assert triton_config.backward_config(13000, 132, False, True) == resident

@@ -75,6 +75,8 @@ BWD_FEW_WARPS_MAX_N = 1024
 # 4194304×64 2.88 / 2.93 → 2.92 / 3.01, 262144×64 2.62 / 2.67 → 2.64 / 2.77, 16384×64 0.95 / 1.18 → 1.02 / 1.20;
 # 2097152×128 2.89 / 2.94 → 2.93 / 3.01, 131072×128 2.57 / 2.64 → 2.61 / 2.72, 8192×128 0.82 / 1.03 → 0.92 / 1.04.
 # At 256 that tile lost (1048576×256 2.72 against 2.93; prefetch and 4 warps each lose alone): 256 keeps (16, 8).
+# 16-bit rows only (fp16 and gemma not timed; local ptxas: 192-231 registers, no spills, 2 programs per SM fit): with
+# float32 rows the fused add's spills (255 registers, 16-48 B), so they keep 8 warps without prefetch.
 BWD_HEADS = {64: (4, True), 128: (4, True)}
 # rms_norm's backward of full rows of these padded lengths, where g = r(dy·w_eff) is one multiply in the row dtype
 # (``low``, ``triton_kernels._grad_in_dtype``: 16-bit llama without offset and the weight in the row dtype, or none;
@@ -293,7 +295,7 @@ def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, ha
     whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
-    ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N`` (per-head rows:
+    ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N`` (16-bit per-head rows:
     ``BWD_HEADS``' warps and prefetch); long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of
     ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32
     compute only). ``n_const``: rows held whole (not as pieces) compile with N a compile-time constant."""
@@ -315,7 +317,8 @@ def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, ha
         block_m = max(1, min(64, TILE_ELEMS // block_n))
         lo, hi = BWD_PREFETCH_N
         per_warp = 1024 if lo <= block_n <= BWD_FEW_WARPS_MAX_N else 512
-        warps, prefetch = BWD_HEADS.get(block_n, (_warps(block_m * block_n, per_warp), lo <= block_n <= hi))
+        tile = (_warps(block_m * block_n, per_warp), lo <= block_n <= hi)
+        warps, prefetch = BWD_HEADS.get(block_n, tile) if half else tile
         return Config(block_m, block_n, warps, prefetch=prefetch,
                       programs_per_sm=1 if block_n == hi else BWD_PROGRAMS_PER_SM, n_const=n_const)
     return chunked_backward_config()

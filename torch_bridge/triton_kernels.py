@@ -222,8 +222,8 @@ BWD_LOW_RESIDENT_DTYPES = (torch.float16,)
 # rounds alternating in one process, under BWD_N_CONST; probes_h100_2026-11-27_thirtyfifth.md §4), TB/s off → on:
 # 32768×2048 2.90 → 2.81 (-3.1%: the suite's 2.91 → 2.81 since the thirty-third session), 16384×2048 +0.4%, 4096×2048
 # +0.6%; 1024 columns +1.1-2.1% and 32768×4096 -0.3% keep it at every row count. Thirty-ninth session (the same
-# method; probes_h100_2026-11-28_thirtyninth.md §1-3), 256 columns (the (16, 8) tile): 1048576×256 2.57 → 2.93 off,
-# 65536×256 2.13 → 2.36, but 4096×256 0.62 → 0.59 (with it since the thirty-third session, `bench fused`'s
+# method; probes_h100_2026-11-28_thirtyninth.md §1-3), 256 columns (the (16, 8) tile), on → off: 1048576×256 2.57
+# → 2.93, 65536×256 2.13 → 2.36, but 4096×256 0.62 → 0.59 (with it since the thirty-third session, `bench fused`'s
 # 1048576×256 had read 2.57 against 2.93 before). 64 and 128 columns keep it (-0.5% to +8% on BWD_HEADS' tiles).
 BWD_LOW_MAX_ROWS = {2048: 16384, 256: 4096}
 
