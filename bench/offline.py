@@ -1,0 +1,144 @@
+"""``python -m bench.offline MxN,... [--fwd] [--fused] [--dtype D] [--casting C]``: the Pallas kernels (Triton
+lowering, ``impl="pallas"``) of a forward or backward on an H100, without one: lowered for an abstract H100 of 132
+SMs, each kernel's Triton IR compiled by the ``triton`` package for sm_90 the way jaxlib's launch compiles it
+(``pallas_norm.triton_ffi``: its warps and stages; ``register_cap`` where a persistent grid would be launched that
+way) and assembled by ``ptxas -v`` (the one ``triton`` ships). Per kernel: registers, spill bytes, static shared
+memory, and the ``bar.sync`` barriers inside loops (a cross-warp exchange every iteration).
+
+The config is the GPU's heuristic (``pallas_config.heuristic`` as where ``triton_ffi`` is available), lowered as XLA
+would launch it: the Triton IR is the same for both launches. XLA compiles its launches with its own Triton, so for
+kernels XLA launches this reads the ``triton`` package's compile, not XLA's. Thirty-ninth session
+(``bench/results/probes_h100_2026-11-28_thirtyninth.md`` §5): the per-head backward at 256 columns held three
+barriers per row block, which the same binary launched by jaxlib ran at half XLA's speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import jax
+import torch
+
+from bench import ptxas
+from pallas_norm import api, backend, pallas_config
+from torch_bridge import launch_route
+from torch_bridge.xla_program import parse_program
+
+SMS = 132  # an H100's
+_LOOP = re.compile(r"^(\$L__BB\d+_\d+):.*Loop Header", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One kernel's ``ptxas -v`` resources (``maxnreg``: the cap it was assembled under, None for none) and its
+    barriers: ``barriers`` in the whole kernel, ``loop_barriers`` inside loops."""
+
+    name: str
+    num_warps: int
+    grid: tuple[int, int, int]
+    maxnreg: int | None
+    registers: int
+    spill_stores: int
+    shared: int
+    barriers: int
+    loop_barriers: int
+
+
+@contextlib.contextmanager
+def abstract_h100() -> Iterator[None]:
+    """``jax.jit(...).lower`` targets an abstract H100 of ``SMS`` SMs (the Triton IR XLA would receive there), and
+    ``backend.num_sms`` reads ``SMS``, without a GPU."""
+    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", SMS, "cuda")
+    saved = backend.num_sms
+    backend.num_sms = lambda: SMS
+    try:
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+            yield
+    finally:
+        backend.num_sms = saved
+
+
+def gpu_config(m: int, n: int, *, backward: bool, fused: bool = False) -> pallas_config.Config:
+    """The heuristic's config on an H100 where ``triton_ffi`` is available (inside ``abstract_h100``)."""
+    saved = pallas_config._available
+    pallas_config._available = lambda: True
+    try:
+        return pallas_config.heuristic(m, n, backward=backward, fused=fused)
+    finally:
+        pallas_config._available = saved
+
+
+def loop_barriers(ptx: str) -> int:
+    """``bar.sync`` lines between each loop header's label and the last branch back to it."""
+    count = 0
+    for found in _LOOP.finditer(ptx):
+        body = ptx[found.end():]
+        backs = list(re.finditer(rf"\bbra(?:\.uni)?\s+{re.escape(found.group(1))};", body))
+        count += body[:backs[-1].start()].count("bar.sync") if backs else 0
+    return count
+
+
+def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None) -> Report:
+    """``ttir`` compiled for sm_90 by the ``triton`` package (as ``triton_ffi`` does) and assembled by ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
+        f.write(ttir)
+        f.flush()
+        binary = triton.compile(f.name, target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
+    ptx = binary.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr
+    (res,) = ptxas.parse(out).values()
+    return Report(name, num_warps, tuple(grid), maxnreg, res["registers"], res["spill_stores"],
+                  binary.metadata.shared, ptx.count("bar.sync"), loop_barriers(ptx))
+
+
+def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
+            casting: str = "llama", config: pallas_config.Config | None = None) -> list[Report]:
+    """Every Triton-lowered kernel of ``impl="pallas"``'s forward or backward of ``m`` × ``n`` ``dtype`` rows
+    (weight in ``dtype``; ``fused``: the fused add's) on ``config`` (None: ``gpu_config``), in launch order."""
+    offset = 1.0 if casting == "gemma" else 0.0
+    with abstract_h100():
+        config = config or gpu_config(m, n, backward=backward, fused=fused)
+        lowered = dataclasses.replace(config, ffi_launch=False)
+        if backward:
+            fn = api.backward_fn(offset, casting, "pallas", True, lowered, fused)
+            specs = [((m, n), dtype), ((n,), dtype)] + [((m, n), dtype)] * (1 + fused) + [((m,), torch.float32)]
+        else:
+            fn = api.forward_fn(1e-6, offset, casting, "pallas", lowered,
+                                launch_route.JAX_DTYPES[dtype] if fused else None)
+            specs = [((m, n), dtype)] * (1 + fused) + [((n,), dtype)]
+        module = jax.jit(fn).trace(*launch_route._specs(specs)).lower().compiler_ir("stablehlo")
+        cap = pallas_config.register_cap(config) if config.ffi_launch else None
+    return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid,
+                           cap if c.grid[0] == config.programs else None)  # the persistent grid's kernel
+            for c in parse_program(module).calls]
+
+
+def main(argv: list[str]) -> None:
+    shapes = [tuple(int(v) for v in s.split("x")) for s in argv[0].split(",")]
+    flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
+    dtype = getattr(torch, flag("--dtype", "bfloat16"))
+    for m, n in shapes:
+        for r in reports(m, n, backward="--fwd" not in argv, fused="--fused" in argv, dtype=dtype,
+                         casting=flag("--casting", "llama")):
+            print(f"{m}x{n} {r.name} warps={r.num_warps} grid={r.grid} maxnreg={r.maxnreg}: {r.registers} "
+                  f"registers, {r.spill_stores} B spilled, {r.shared} B shared, {r.barriers} barriers "
+                  f"({r.loop_barriers} in loops)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

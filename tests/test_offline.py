@@ -1,0 +1,44 @@
+"""``bench.offline``: the Pallas kernels compiled for an H100 on a machine without one. Barriers are counted inside
+loops only; the per-head backward at 256 columns shows the three per-row-block barriers the thirty-ninth session
+found, and none where dweight's terms are kept per tile row (``kernels.DW_PER_ROW``): the check fails on the kernel
+as it is, so it can fail; the held 16384-column backward assembles without spills under its register cap."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from bench import offline
+from pallas_norm import kernels
+
+PTX = """
+\tbar.sync \t0;
+$L__BB0_1:                              // =>This Inner Loop Header: Depth=1
+\tbar.sync \t0;
+\tbar.sync \t0;
+\t@%p6 bra \t$L__BB0_1;
+\tbar.sync \t0;
+$L__BB0_2:                              // =>This Inner Loop Header: Depth=1
+\tbar.sync \t0;
+\tbra.uni \t$L__BB0_2;
+"""
+
+
+def test_loop_barriers_counts_only_those_inside_loops():
+    assert PTX.count("bar.sync") == 5
+    assert offline.loop_barriers(PTX) == 3
+    assert offline.loop_barriers(PTX.replace("Loop Header", "Header")) == 0
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-block", "per-row"])
+def test_per_head_backward_barriers(per_row, monkeypatch):
+    monkeypatch.setattr(kernels, "DW_PER_ROW", frozenset({256} if per_row else ()))
+    jax.clear_caches()  # the kernel reads DW_PER_ROW when traced: not a trace cached by the other case
+    main = offline.reports(65536, 256)[0]
+    assert (main.name, main.num_warps, main.spill_stores) == ("pallas_norm_bwd", 8, 0)
+    assert main.loop_barriers == (0 if per_row else 3)
+
+
+def test_held_16384_backward_assembles_under_its_cap_without_spills():
+    main = offline.reports(4096, 16384)[0]
+    assert main.maxnreg == 128 and main.registers <= 128 and main.spill_stores == 0
