@@ -25,8 +25,8 @@ from collections.abc import Iterator
 import jax
 import torch
 
-from bench import ptxas
-from pallas_norm import api, backend, pallas_config
+from bench import ptxas, timing
+from pallas_norm import backend, pallas_config
 from torch_bridge import launch_route
 from torch_bridge.xla_program import parse_program
 
@@ -50,22 +50,27 @@ class Report:
     loop_barriers: int
 
 
-@contextlib.contextmanager
-def abstract_h100() -> Iterator[None]:
-    """``jax.jit(...).lower`` targets an abstract H100 of ``SMS`` SMs (the Triton IR XLA would receive there), and
-    ``backend.num_sms`` reads ``SMS``, without a GPU."""
+def abstract_h100():
+    """A context in which ``jax.jit(...).lower`` targets an (abstract) H100 of ``SMS`` SMs, without one: the Triton IR
+    and modules XLA would receive there."""
     device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", SMS, "cuda")
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
+
+
+@contextlib.contextmanager
+def _on_h100() -> Iterator[None]:
+    """``abstract_h100`` with ``backend.num_sms`` reading ``SMS`` (the heuristics' grids)."""
     saved = backend.num_sms
     backend.num_sms = lambda: SMS
     try:
-        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        with abstract_h100():
             yield
     finally:
         backend.num_sms = saved
 
 
 def gpu_config(m: int, n: int, *, backward: bool, fused: bool = False) -> pallas_config.Config:
-    """The heuristic's config on an H100 where ``triton_ffi`` is available (inside ``abstract_h100``)."""
+    """The heuristic's config on an H100 where ``triton_ffi`` is available (inside ``_on_h100``)."""
     saved = pallas_config._available
     pallas_config._available = lambda: True
     try:
@@ -111,17 +116,15 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
     """Every Triton-lowered kernel of ``impl="pallas"``'s forward or backward of ``m`` × ``n`` ``dtype`` rows
     (weight in ``dtype``; ``fused``: the fused add's) on ``config`` (None: ``gpu_config``), in launch order."""
     offset = 1.0 if casting == "gemma" else 0.0
-    with abstract_h100():
+    with _on_h100():
         config = config or gpu_config(m, n, backward=backward, fused=fused)
-        lowered = dataclasses.replace(config, ffi_launch=False)
+        lowered = dataclasses.replace(config, ffi_launch=False)  # a Pallas config: the launch route lowers "pallas"
         if backward:
-            fn = api.backward_fn(offset, casting, "pallas", True, lowered, fused)
-            specs = [((m, n), dtype), ((n,), dtype)] + [((m, n), dtype)] * (1 + fused) + [((m,), torch.float32)]
+            module = launch_route._lower_backward(m, n, dtype, dtype, offset, casting, lowered, fused)
         else:
-            fn = api.forward_fn(1e-6, offset, casting, "pallas", lowered,
-                                launch_route.JAX_DTYPES[dtype] if fused else None)
-            specs = [((m, n), dtype)] * (1 + fused) + [((n,), dtype)]
-        module = jax.jit(fn).trace(*launch_route._specs(specs)).lower().compiler_ir("stablehlo")
+            module = launch_route._lower_forward(m, n, dtype, dtype, 1e-6, offset, casting, lowered,
+                                                 *((dtype, dtype) if fused else ()))
+        module = module.compiler_ir("stablehlo")
         cap = pallas_config.register_cap(config) if config.ffi_launch else None
     return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid,
                            cap if c.grid[0] == config.programs else None)  # the persistent grid's kernel
@@ -129,7 +132,7 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
 
 
 def main(argv: list[str]) -> None:
-    shapes = [tuple(int(v) for v in s.split("x")) for s in argv[0].split(",")]
+    shapes = timing.parse_shapes(argv[0])
     flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
     dtype = getattr(torch, flag("--dtype", "bfloat16"))
     for m, n in shapes:

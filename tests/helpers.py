@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pallas_norm
+from bench.offline import abstract_h100  # noqa: F401 (the tests' too)
 from pallas_norm import accuracy, backend
 from pallas_norm_tools import parity
 from torch_bridge import rms_norm
@@ -181,13 +182,6 @@ def kernel_jaxpr(fn, *args) -> str:
         return None
 
     return str(find(jax.make_jaxpr(fn)(*args).jaxpr))
-
-
-def abstract_h100():
-    """A context in which ``jax.jit(...).lower`` targets an (abstract) H100 of 132 SMs, without one: the Triton IR
-    and modules XLA would receive there."""
-    device = jax.sharding.AbstractDevice("NVIDIA H100 80GB HBM3", 132, "cuda")
-    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
 
 
 def h100_forward_ttir(monkeypatch, m: int, n: int, config) -> str:
