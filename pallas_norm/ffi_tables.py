@@ -67,7 +67,17 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
 # ``register_cap`` (probes_h100_2026-11-26_twentythird.md §2: with and without the cap in alternating processes, two
 # rounds each), 1024 too: XLA's launch → jaxlib's, 32768×1024 2.77 / 2.85 → 2.80 / 2.90 (without the cap 2.72 /
 # 2.90), 4096×1024 1.99 / 2.15 → 2.03 / 2.25 (1.97 / 2.24); 32768×2048's plain 2.85 → 2.90, the other widths ±0.5%.
-BWD_FFI_RESIDENT = frozenset({1024, 2048, 4096, 8192})
+# Fortieth session, per-head rows (probes_h100_2026-11-28_fortieth.md §2-4): 64 and 128 columns on 4096-element
+# tiles of 8 warps, 2 per SM (BWD_RESIDENT), dweight's terms kept per tile row (kernels.DW_PER_ROW), launched by jaxlib
+# from BWD_FFI_MIN_ROWS_PER_SM rows per SM. Plain / fused add TB/s, the old heuristic (64: 4096 elements on 4 warps,
+# 4 per SM; 128: 8192 on 8, 2 per SM; XLA's launch) → the new: 4194304×64 2.85 / 2.93 → 2.87 / 3.00, 262144×64
+# 2.52 / 2.69 → 2.63 / 2.75, 2097152×128 2.78 / 2.85 → 2.89 / 3.01, 131072×128 2.48 / 2.56 → 2.59 / 2.72. Fewer rows
+# keep XLA's launch of the new tile: jaxlib's, XLA's → 32768×64 1.51 / 1.69, 1.55 / 1.70 (old 1.53 / 1.71);
+# 16384×128 1.35 / 1.57, 1.52 / 1.71 (old 1.51 / 1.70); 32768×128 1.88 / 2.06, 1.95 / 2.13; 65536×64 2.01 / 2.17,
+# 1.99 / 2.14; 65536×128 2.29 / 2.45, 2.27 / 2.44; 131072×64 2.37 / 2.52, 2.31 / 2.43 (the bound, 384 rows per SM,
+# lies between 248 and 496; untimed in between). 256 columns keep XLA's launch (65536×256 plain 2.58 against 2.42).
+BWD_FFI_RESIDENT = frozenset({64, 128, 1024, 2048, 4096, 8192})
+BWD_FFI_MIN_ROWS_PER_SM = {64: 384, 128: 384}
 # The backward (plain and fused add) of 16-bit rows of exactly these lengths (not on a grid of one program): held whole
 # on BWD_RESIDENT's tile (one program per SM on 16 warps, the weight loaded for every row block and dweight's term
 # added before the row's sum: ``Config.reload_weight``) launched by jaxlib's Triton call, instead of column bands.

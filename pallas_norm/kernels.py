@@ -57,11 +57,11 @@ WEIGHT_FIRST_F32_MAX_COLS = 1024
 H_FIRST_MAX_COLS = 1024
 # Resident tiles of several rows of these padded widths keep dweight's terms per tile row and sum the rows once after
 # the loop (the Triton reference's way), not every block (a cross-warp sum, three barriers per block at 256 columns).
-# Empty until its GPU test (tests/test_dweight_per_row.py) has run. H100, bf16, impl="pallas" from JAX, plain / fused
-# add TB/s, off → on (probes_h100_2026-11-28_thirtyninth.md §5): 1048576×256 2.74 / 2.83 → 2.90 / 2.94, 65536×256
-# 2.38 / 2.54 → 2.58 / 2.67 (jaxlib's launch 1.24 / 1.60 → 2.88 / 3.00); 64 and 128 columns lose (2.85 → 2.44, 2.78 →
-# 2.50).
-DW_PER_ROW: frozenset[int] = frozenset()
+# H100, bf16, impl="pallas" from JAX, plain / fused add TB/s, off → on (probes_h100_2026-11-28_thirtyninth.md §5):
+# 1048576×256 2.74 / 2.83 → 2.90 / 2.94, 65536×256 2.38 / 2.54 → 2.58 / 2.67 (jaxlib's launch 1.24 / 1.60 → 2.88 /
+# 3.00); 64 and 128 columns lost on their old tiles (2.85 → 2.44, 2.78 → 2.50) and gain on 256's
+# (ffi_tables.BWD_FFI_RESIDENT's fortieth-session note).
+DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256})
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):

@@ -11,8 +11,8 @@ import dataclasses
 
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
-from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN, BWD_FFI_RESIDENT,  # noqa: F401
-                         FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS, two_pass_tile)
+from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
+                         BWD_FFI_RESIDENT, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS, two_pass_tile)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
@@ -88,7 +88,9 @@ FWD_CHUNKED = (16384, 32, 2, True)
 # started on. H100, bf16, from JAX (probes_h100_2026-11-27_twentyfifth.md §5), plain / fused add TB/s: 4096×1024
 # 2.02 / 2.25 → 2.04 / 2.25, 4096×2048 2.37 / 2.52 → 2.38 / 2.54, 4096×3584 2.54 → 2.55, 4096×4096 2.62 / 2.77 →
 # 2.64 / 2.79, 4096×8192 2.75 → 2.79. The pieces (BWD_PIECES) keep their grid (4096×2304 lost 0.6%).
-BWD_RESIDENT = {64: (4096, 4, 4, False, False), 128: (8192, 8, 2, False, False),
+# Fortieth session: 64 and 128 columns take 256's tile unprefetched (ffi_tables.BWD_FFI_RESIDENT); narrower keep 64's.
+BWD_RESIDENT = {**dict.fromkeys((1, 2, 4, 8, 16, 32), (4096, 4, 4, False, False)),
+                **dict.fromkeys((64, 128), (4096, 8, 2, False, False)),
                 **dict.fromkeys((256, 512), (4096, 8, 2, True, False)), 1024: (2048, 4, 4, True, False),
                 2048: (4096, 8, 2, True, False),
                 **dict.fromkeys((4096, 8192), (8192, 16, 1, True, False)),
@@ -278,11 +280,12 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n), l1_hints=hints), m, n,
                    backward=False)
-    pieces, ffi = n in BWD_PIECES, held or ffi_backward(n)
+    few = m < BWD_FFI_MIN_ROWS_PER_SM.get(n_pad, 0) * backend.num_sms()  # XLA's launch costs less there
+    pieces, ffi = n in BWD_PIECES, held or (ffi_backward(n) and not few)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
     else:
-        elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[max(n_pad, 64)]
+        elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[n_pad]
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     if not pieces:  # as many programs as keep the most row blocks per program (BWD_RESIDENT's note)

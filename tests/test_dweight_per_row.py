@@ -35,6 +35,7 @@ def _check(shape, monkeypatch, *, interpret: bool, launches=(False,)) -> None:
     dh = jax_inputs(shape, jnp.bfloat16, 0.0, seed=n + 1)[2]
     base = pallas_config.heuristic(m, n, backward=True)
     assert base.block_rows > 1 and pallas_config.cdiv(pallas_config.cdiv(m, base.block_rows), base.programs) > 1
+    monkeypatch.setattr(kernels, "DW_PER_ROW", frozenset())
     per_block = _run(x, w, dy, base, interpret=interpret)[2]
     monkeypatch.setattr(kernels, "DW_PER_ROW", frozenset({n}))
     for ffi in launches:

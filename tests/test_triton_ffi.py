@@ -112,14 +112,14 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
-    fills 7/8 of 4096) keeps BWD_RESIDENT's tile and is launched by jaxlib, and rows of 16384 leave their bands for
-    it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
+    fills 7/8 of 4096; 64 and 128 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched
+    by jaxlib, and rows of 16384 leave their bands for it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
     (2304, 2560, 5120), on that table's grid (the plain backward's 5120 on ``BWD_FFI_PIECES_PLAIN``'s 4 warps,
     prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
     without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
-    widths = (2048, 3584, 4096, 8192, 1024, 2304, 2560, 5120, 3000, 16384)
+    widths = (2048, 3584, 4096, 8192, 1024, 2304, 2560, 5120, 3000, 16384, 96)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     xla = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
     assert not any(c.ffi_launch for c in xla.values())
@@ -128,6 +128,10 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
     assert {n for n, c in jaxlib.items() if c.ffi_launch} == {1024, 2048, 3584, 4096, 8192, 2304, 2560, 5120,
                                                                16384}
+    for n in (64, 128):  # from BWD_FFI_MIN_ROWS_PER_SM's rows per SM (384 on 132 SMs: 50688), on one tile either way
+        few, many = (pallas_config.heuristic(m, n, backward=True) for m in (50687, 50688))
+        assert (few.ffi_launch, many.ffi_launch) == (False, True)
+        assert (few.block_rows, few.num_warps, few.programs) == (many.block_rows, many.num_warps, many.programs)
     assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths
                if n not in (2560, 5120, 16384))
     assert xla[16384].lag and jaxlib[16384].reload_weight  # BWD_FFI_HELD: bands without jaxlib
@@ -216,7 +220,9 @@ def test_gpu_impl_none_forward_runs_through_jaxlib_and_matches_float64_rule(shap
                                                         ((3000, 5120), jnp.bfloat16, "llama", 0.0),
                                                         ((4099, 2560), jnp.float16, "gemma", 1.0),
                                                         ((5000, 2304), jnp.bfloat16, "gemma", 1.0),
-                                                        ((3000, 1024), jnp.float32, "llama", 0.0)], ids=str)
+                                                        ((3000, 1024), jnp.float32, "llama", 0.0),
+                                                        ((70001, 64), jnp.float32, "llama", 0.0),
+                                                        ((60001, 128), jnp.float16, "gemma", 1.0)], ids=str)
 def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype, casting, offset):
     """``impl=None``'s backward at ``BWD_FFI_RESIDENT``'s and ``BWD_FFI_PIECES``' widths holds the jaxlib call, meets
     the accuracy rule, and the fused add's dweight is ``rms_norm(h)``'s bits (both launched the same way)."""
