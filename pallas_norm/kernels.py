@@ -20,6 +20,7 @@ from jax.experimental import pallas as pl
 
 from . import backend, rowmath, triton_ffi
 from .dweight import reduce_dweight
+from .order_tables import DW_PER_ROW, H_FIRST_MAX_COLS, WEIGHT_FIRST_F32_MAX_COLS, WEIGHT_FIRST_MAX_COLS
 from .pallas_config import Config, cdiv, pieces_of, register_cap
 from .rounding import rounder
 from .tiles import (F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight, _weight_in_dtype, grad_in_dtype,
@@ -37,31 +38,6 @@ def _spans(config: Config, n: int, chunk) -> list:
         spans.append((_span(start, size, n)[0], None))
         start += size
     return spans
-
-
-# With y's product in the input dtype, resident rows of at most this many columns load the weight before the row (its
-# latency hidden behind the row's); longer rows after it: held from the start it cost the fused add's forward 6% at
-# 16384 columns (H100, bf16, from JAX, 4·M·N·2 bytes: 4096×16384 2.97 → 2.80, 32768×16384 3.00 → 2.87; the plain
-# forward ties there; probes_h100_2026-11-26_twentyfirst.md §5).
-WEIGHT_FIRST_MAX_COLS = 8192
-# Where y's product stays float32 (gemma's casting, an offset, a weight not in the input dtype), rms_norm's resident
-# rows of at most this many padded columns load the weight before the row too. H100, bf16 gemma, impl=None, kernels
-# timed, alternating processes (probes_h100_2026-11-27_twentyseventh.md §3): 4096×1024 2.37 → 2.43 TB/s, 8192×1024
-# +0.3%, 2048×1024 and 4096×2048 level (so not beyond 1024); the same bits. The fused add (h stored first at these
-# rows, H_FIRST_MAX_COLS) keeps its order: not measured this way.
-WEIGHT_FIRST_F32_MAX_COLS = 1024
-# The fused add's resident forward stores h before the row's sum (as the Triton reference does) up to this many
-# padded columns, after y's math beyond. H100, bf16, impl=None, kernels timed (probes_h100_2026-11-27_twentyfifth.md
-# §9), h last → first, TB/s (4·M·N·2 bytes): 4096×1024 llama 2.42 → 2.75, gemma 2.72 → 2.75, 32768×1024 level;
-# 2048-8192 columns level (±0.3%), gemma 4096×2304 2.77 → 2.74. The same values stored: the same bits.
-H_FIRST_MAX_COLS = 1024
-# Resident tiles of several rows of these padded widths keep dweight's terms per tile row and sum the rows once after
-# the loop (the Triton reference's way), not every block (a cross-warp sum, three barriers per block at 256 columns).
-# H100, bf16, impl="pallas" from JAX, plain / fused add TB/s, off → on (probes_h100_2026-11-28_thirtyninth.md §5):
-# 1048576×256 2.74 / 2.83 → 2.90 / 2.94, 65536×256 2.38 / 2.54 → 2.58 / 2.67 (jaxlib's launch 1.24 / 1.60 → 2.88 /
-# 3.00); 64 and 128 columns lost on their old tiles (2.85 → 2.44, 2.78 → 2.50) and gain on 256's
-# (ffi_tables.BWD_FFI_RESIDENT's fortieth-session note).
-DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256})
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: bool, has_residual: bool = False):
