@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import pallas_norm
+from bench import report
 from bench.offline import abstract_h100  # noqa: F401 (the tests' too)
 from pallas_norm import accuracy, backend
 from pallas_norm_tools import parity
@@ -27,6 +28,9 @@ DEFAULT_KERNEL = "auto" if ON_GPU else "interpret"  # the kernels impl=None runs
 ON_HOPPER = ON_GPU and backend.mosaic_capable()
 MOSAIC = "mosaic" if ON_HOPPER else "mosaic_interpret"  # the Mosaic GPU kernels: compiled on Hopper, else interpreted
 hopper = pytest.mark.skipif(not ON_HOPPER, reason="needs a Hopper GPU (compute capability >= 9.0)")
+# A saved bench run's environment, for the bench tests' renders.
+BENCH_ENV = dict(gpu="NVIDIA H100 80GB HBM3", driver="580", jax="0.11.2", torch="2.11", triton="3.6",
+                 date="2026-11-22", dtype="bfloat16", casting="llama", copy_tbps=3.0, timer=report.KERNEL_TIMER)
 GPU_KERNELS = ("pallas", "mosaic")  # the compiled kernels of both lowerings (GPU tests skip mosaic off Hopper)
 TORCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 JAX_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
