@@ -131,13 +131,25 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
             for c in parse_program(module).calls]
 
 
+def parser():
+    """The CLI: shapes, ``--fwd``, ``--fused``, ``--dtype``, ``--casting`` (the module docstring)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m bench.offline", description="The Pallas kernels compiled for an H100 "
+                                "without one: registers, spills, shared memory, barriers inside loops.")
+    p.add_argument("shapes", type=timing.parse_shapes, help="comma-separated MxN")
+    p.add_argument("--fwd", action="store_true", help="the forward's kernels (default: the backward's)")
+    p.add_argument("--fused", action="store_true", help="the fused residual add's kernels")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--casting", default="llama", choices=("llama", "gemma", "none"))
+    return p
+
+
 def main(argv: list[str]) -> None:
-    shapes = timing.parse_shapes(argv[0])
-    flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
-    dtype = getattr(torch, flag("--dtype", "bfloat16"))
-    for m, n in shapes:
-        for r in reports(m, n, backward="--fwd" not in argv, fused="--fused" in argv, dtype=dtype,
-                         casting=flag("--casting", "llama")):
+    args = parser().parse_args(argv)
+    for m, n in args.shapes:
+        for r in reports(m, n, backward=not args.fwd, fused=args.fused, dtype=getattr(torch, args.dtype),
+                         casting=args.casting):
             print(f"{m}x{n} {r.name} warps={r.num_warps} grid={r.grid} maxnreg={r.maxnreg}: {r.registers} "
                   f"registers, {r.spill_stores} B spilled, {r.shared} B shared, {r.barriers} barriers "
                   f"({r.loop_barriers} in loops)", flush=True)

@@ -42,3 +42,13 @@ def test_per_head_backward_barriers(per_row, monkeypatch):
 def test_held_16384_backward_assembles_under_its_cap_without_spills():
     main = offline.reports(4096, 16384)[0]
     assert main.maxnreg == 128 and main.registers <= 128 and main.spill_stores == 0
+
+
+def test_cli_names_a_bad_shape_and_a_bad_dtype(capsys):
+    """argparse's exit 2 with the argument named, not a traceback (the hand-read argv's was an IndexError or
+    ArgumentTypeError traceback)."""
+    for argv, named in ((["8x64x"], "shapes"), (["8x64", "--dtype", "int8"], "--dtype")):
+        with pytest.raises(SystemExit) as exit_:
+            offline.main(argv)
+        assert exit_.value.code == 2 and named in capsys.readouterr().err
+    assert offline.parser().parse_args(["8x64,4x128", "--fused"]).shapes == [(8, 64), (4, 128)]
