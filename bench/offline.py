@@ -14,6 +14,7 @@ barriers per row block, which the same binary launched by jaxlib ran at half XLA
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import re
@@ -131,10 +132,8 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
             for c in parse_program(module).calls]
 
 
-def parser():
+def parser() -> argparse.ArgumentParser:
     """The CLI: shapes, ``--fwd``, ``--fused``, ``--dtype``, ``--casting`` (the module docstring)."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m bench.offline", description="The Pallas kernels compiled for an H100 "
                                 "without one: registers, spills, shared memory, barriers inside loops.")
     p.add_argument("shapes", type=timing.parse_shapes, help="comma-separated MxN")
