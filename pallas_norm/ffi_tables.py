@@ -1,7 +1,7 @@
 """Which kernels jaxlib's Triton call launches (``Config.ffi_launch``, ``triton_ffi``) instead of XLA, and on which
 tiles: the tables, with the H100 measurements behind them (and ``two_pass_tile``, the two-pass table's lookup).
 ``pallas_config.heuristic`` reads them (and re-exports them: ``pallas_config.FWD_FFI_RESIDENT`` is this module's);
-``ffi_forward``, ``ffi_few_rows`` and ``ffi_backward`` there say where they apply (full rows,
+``ffi_forward``, ``ffi_few_rows`` and ``ffi_backward`` there say where they apply (full rows, row counts,
 ``triton_ffi.available()``).
 
 Why a second launcher pays: XLA launches every kernel with dynamic shared memory at the most shared memory, the

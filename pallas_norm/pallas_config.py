@@ -57,13 +57,15 @@ def ffi_few_rows(m: int, n: int) -> bool:
     return per_sm is not None and full_row(n) and _available() and m <= per_sm * backend.num_sms()
 
 
-def ffi_backward(n: int) -> bool:
+def ffi_backward(n: int, m: int | None = None) -> bool:
     """Whether the resident backward (plain or fused add) of rows of ``n`` columns is launched by jaxlib's Triton call
-    (``BWD_FFI_RESIDENT``: full rows of those padded lengths not held as pieces; ``BWD_FFI_PIECES``: rows held as
-    pieces of those widths; where ``triton_ffi.available()``)."""
+    (``BWD_FFI_RESIDENT``: full rows of those padded lengths not held as pieces, with ``m`` rows from
+    ``BWD_FFI_MIN_ROWS_PER_SM``'s rows per SM where it names the length; ``BWD_FFI_PIECES``: rows held as pieces of
+    those widths; where ``triton_ffi.available()``)."""
     if n in BWD_PIECES:
         return n in BWD_FFI_PIECES and _available()
-    return _ffi(n, BWD_FFI_RESIDENT)
+    few = m is not None and m < BWD_FFI_MIN_ROWS_PER_SM.get(next_pow2(n), 0) * backend.num_sms()
+    return not few and _ffi(n, BWD_FFI_RESIDENT)
 
 
 def _ffi(n: int, padded_lengths) -> bool:
@@ -194,8 +196,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n), l1_hints=hints), m, n,
                    backward=False)
-    few = m < BWD_FFI_MIN_ROWS_PER_SM.get(n_pad, 0) * backend.num_sms()  # XLA's launch costs less there
-    pieces, ffi = n in BWD_PIECES, held or (ffi_backward(n) and not few)
+    pieces, ffi = n in BWD_PIECES, held or ffi_backward(n, m)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
     else:
