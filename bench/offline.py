@@ -27,7 +27,7 @@ import jax
 import torch
 
 from bench import ptxas, timing
-from pallas_norm import backend, pallas_config
+from pallas_norm import backend, pallas_config, triton_ffi
 from torch_bridge import launch_route
 from torch_bridge.xla_program import parse_program
 
@@ -91,16 +91,10 @@ def loop_barriers(ptx: str) -> int:
 
 
 def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None) -> Report:
-    """``ttir`` compiled for sm_90 by the ``triton`` package (as ``triton_ffi`` does) and assembled by ptxas."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+    """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``) and assembled by ptxas."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
-        f.write(ttir)
-        f.flush()
-        binary = triton.compile(f.name, target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
+    binary = triton_ffi.triton_binary(ttir, 90, num_warps, num_stages, maxnreg)
     ptx = binary.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)

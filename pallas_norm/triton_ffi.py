@@ -102,17 +102,23 @@ def _kernel_of(module) -> tuple[str, str, tuple[int, int, int], int, int]:
     return triton_call_settings(calls[0])
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(name: str, ttir: str, grid: tuple[int, int, int], num_warps: int, num_stages: int, cc: int,
-             operands: int, maxnreg: int | None = None) -> Compiled:
+def triton_binary(ttir: str, cc: int, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    """``ttir`` compiled by the ``triton`` package for compute capability ``cc`` (``maxnreg``: PTX ``.maxnreg``):
+    the compiled kernel, its ``asm["ptx"]`` unpinned and its ``metadata``."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
         f.write(ttir)
         f.flush()
-        binary = triton.compile(f.name, target=GPUTarget("cuda", cc, 32),
-                                options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
+        return triton.compile(f.name, target=GPUTarget("cuda", cc, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(name: str, ttir: str, grid: tuple[int, int, int], num_warps: int, num_stages: int, cc: int,
+             operands: int, maxnreg: int | None = None) -> Compiled:
+    binary = triton_binary(ttir, cc, num_warps, num_stages, maxnreg)
     md = binary.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise ValueError(f"kernel {name} needs a global scratch buffer, which this launch does not provide")

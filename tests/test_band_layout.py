@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from pallas_norm import band_slots, band_tables, pallas_config
+from pallas_norm import band_slots, band_tables, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
 from helpers import abstract_h100
@@ -61,9 +61,7 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
     carveout``). Compiled for sm_90 from the TTIR XLA receives, at 262144 columns and on bands of 65536 (64 bands:
     a slot tile of 2 slots per thread took 128 bytes to convert its layout). Broken variants: a 4-warp band config,
     and the slots at 1 per thread."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-
+    pytest.importorskip("triton")
     from pallas_norm import backend
     from torch_bridge import launch_route
 
@@ -74,7 +72,7 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
         args = (torch.bfloat16, torch.bfloat16) + ((0.0,) if backward else (1e-6, 0.0)) + ("llama", config)
         with abstract_h100():
             call = launch_route.parse_program(lower(*shape, *args).compiler_ir("stablehlo")).calls[0]
-        return _shared(triton, GPUTarget, call.ttir, config.num_warps)
+        return triton_ffi.triton_binary(call.ttir, 90, config.num_warps, 3).metadata.shared
 
     config = pallas_config.heuristic(64, 262144, backward=backward)
     assert config.lag and config.num_warps == 1 and shared((64, 262144), config) == 0
@@ -83,16 +81,6 @@ def test_heuristic_band_kernels_need_no_shared_memory(backward, monkeypatch):
     assert short.num_warps == 1 and short.chunks(65536) == 64 and shared((64, 65536), short) == 0
     monkeypatch.setattr(band_slots, "SLOTS_PER_THREAD", 1)  # 64 slots for 32 threads; another shape: traced afresh
     assert shared((32, 65536), pallas_config.bands_config(32, 65536, backward=backward, min_cols=0)) > 0
-
-
-def _shared(triton, target, ttir: str, num_warps: int) -> int:
-    """Shared memory bytes of a kernel compiled for sm_90 from its TTIR."""
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
-        f.write(ttir)
-        f.flush()
-        return triton.compile(f.name, target=target("cuda", 90, 32), options=dict(num_warps=num_warps)).metadata.shared
 
 
 def test_torch_launch_route_fills_the_slots_per_call():

@@ -5,7 +5,6 @@ use by ``impl=None`` and the torch launch route's bits. Where the heuristics tak
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +44,9 @@ def test_pin_rounding_gives_every_float_mul_add_sub_a_rounding_mode():
 def test_the_forward_s_ptx_has_nothing_left_to_contract(monkeypatch):
     """The resident forward at 32768 columns, lowered for an (abstract) H100 and compiled by the triton package as
     ``triton_ffi`` compiles it: its PTX has unrounded float ops (the assembler's choice), the pinned PTX none."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-
+    pytest.importorskip("triton")
     ttir = h100_forward_ttir(monkeypatch, 8, 32768, Config(1, 32768, 16))
-    with tempfile.NamedTemporaryFile("w", suffix=".ttir") as f:
-        f.write(ttir)
-        f.flush()
-        ptx = triton.compile(f.name, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16)).asm["ptx"]
+    ptx = triton_ffi.triton_binary(ttir, 90, 16, 3).asm["ptx"]
     assert triton_ffi._UNROUNDED.search(ptx) is not None
     pinned = triton_ffi.pin_rounding(ptx)
     assert triton_ffi._UNROUNDED.search(pinned) is None and pinned.count(".rn.f32") > ptx.count(".rn.f32")
