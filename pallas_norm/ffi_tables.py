@@ -76,8 +76,12 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
 # 16384×128 1.35 / 1.57, 1.52 / 1.71 (old 1.51 / 1.70); 32768×128 1.88 / 2.06, 1.95 / 2.13; 65536×64 2.01 / 2.17,
 # 1.99 / 2.14; 65536×128 2.29 / 2.45, 2.27 / 2.44; 131072×64 2.37 / 2.52, 2.31 / 2.43 (the bound, 384 rows per SM,
 # lies between 248 and 496; untimed in between). 256 columns keep XLA's launch (65536×256 plain 2.58 against 2.42).
-BWD_FFI_RESIDENT = frozenset({64, 128, 1024, 2048, 4096, 8192})
-BWD_FFI_MIN_ROWS_PER_SM = {64: 384, 128: 384}
+# Forty-first session (probes_h100_2026-11-28_fortyfirst.md §2), at 300 and 450 rows per SM, jaxlib's launch against
+# XLA's: 39600×64 1.61 / 1.83 against 1.61 / 1.71, 59400×64 1.93 / 2.12 against 1.89 / 1.97; 39600×128 1.99 / 2.16
+# against 2.04 / 2.17, 59400×128 2.21 / 2.38 against 2.18 / 2.30: so 64's bound moves to 300, 128's stays. 512 with
+# the per-row dweight (order_tables.DW_PER_ROW's note): jaxlib's launch from 384 rows per SM (65536 rows: 496).
+BWD_FFI_RESIDENT = frozenset({64, 128, 512, 1024, 2048, 4096, 8192})
+BWD_FFI_MIN_ROWS_PER_SM = {64: 300, 128: 384, 512: 384}
 # The backward (plain and fused add) of 16-bit rows of exactly these lengths (not on a grid of one program): held whole
 # on BWD_RESIDENT's tile (one program per SM on 16 warps, the weight loaded for every row block and dweight's term
 # added before the row's sum: ``Config.reload_weight``) launched by jaxlib's Triton call, instead of column bands.

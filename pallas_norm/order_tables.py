@@ -26,5 +26,9 @@ H_FIRST_MAX_COLS = 1024
 # H100, bf16, impl="pallas" from JAX, plain / fused add TB/s, off → on (probes_h100_2026-11-28_thirtyninth.md §5):
 # 1048576×256 2.74 / 2.83 → 2.90 / 2.94, 65536×256 2.38 / 2.54 → 2.58 / 2.67 (jaxlib's launch 1.24 / 1.60 → 2.88 /
 # 3.00); 64 and 128 columns lost on their old tiles (2.85 → 2.44, 2.78 → 2.50) and gain on 256's
-# (ffi_tables.BWD_FFI_RESIDENT's fortieth-session note).
-DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256})
+# (ffi_tables.BWD_FFI_RESIDENT's fortieth-session note). 512 (forty-first session, BWD_RESIDENT's 8-row tile, two
+# rounds in alternating processes; probes_h100_2026-11-28_fortyfirst.md §1), XLA's launch, plain / fused add:
+# 524288×512 2.83 / 2.91 → 2.93 / 2.76, 65536×512 2.62 / 2.74 → 2.77 / 2.61, 8192×512 1.80 / 1.96 → 1.93 / 1.85;
+# jaxlib's launch of the per-row tile 2.89 / 2.99, 2.69 / 2.77, 1.52 / 1.69 (of the per-block one 1.20 / 1.56 at
+# 524288 rows): so from BWD_FFI_MIN_ROWS_PER_SM rows per SM jaxlib launches it (ffi_tables).
+DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256, 512})

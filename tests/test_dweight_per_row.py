@@ -16,7 +16,7 @@ from pallas_norm import kernels, pallas_config, rowmath, triton_ffi
 from helpers import KERNEL, bits, jax_inputs, judge
 
 # (rows, columns): tiles of several rows, each program walking several row blocks (CPU: the interpreter's 8 "SMs").
-CPU_SHAPES = [(4096, 64), (2048, 128), (1024, 256)]
+CPU_SHAPES = [(4096, 64), (2048, 128), (1024, 256), (512, 512)]
 
 
 def _run(x, w, dy, config, *, interpret: bool, dh=None):
@@ -70,7 +70,7 @@ def test_a_lost_tile_row_is_caught(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(262144, 64), (131072, 128), (65536, 256)], ids=str)
+@pytest.mark.parametrize("shape", [(262144, 64), (131072, 128), (65536, 256), (65536, 512)], ids=str)
 def test_gpu_per_row_dweight_passes_the_rule(shape, monkeypatch):
     """Compiled, launched by XLA and by jaxlib's Triton call (where available)."""
     launches = (False, True) if triton_ffi.available() else (False,)

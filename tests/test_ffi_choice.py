@@ -73,7 +73,7 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
-    fills 7/8 of 4096; 64 and 128 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched
+    fills 7/8 of 4096; 64, 128 and 512 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched
     by jaxlib, and rows of 16384 leave their bands for it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
     (2304, 2560, 5120), on that table's grid (the plain backward's 5120 on ``BWD_FFI_PIECES_PLAIN``'s 4 warps,
     prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
@@ -89,8 +89,8 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     jaxlib = {n: pallas_config.heuristic(32768, n, backward=True) for n in widths}
     assert {n for n, c in jaxlib.items() if c.ffi_launch} == {1024, 2048, 3584, 4096, 8192, 2304, 2560, 5120,
                                                                16384}
-    for n in (64, 128):  # from BWD_FFI_MIN_ROWS_PER_SM's rows per SM (384 on 132 SMs: 50688), on one tile either way
-        few, many = (pallas_config.heuristic(m, n, backward=True) for m in (50687, 50688))
+    for n, per_sm in ((64, 300), (128, 384), (512, 384)):  # from BWD_FFI_MIN_ROWS_PER_SM's rows per SM, one tile
+        few, many = (pallas_config.heuristic(m, n, backward=True) for m in (per_sm * 132 - 1, per_sm * 132))
         assert (few.ffi_launch, many.ffi_launch) == (False, True)
         assert (few.block_rows, few.num_warps, few.programs) == (many.block_rows, many.num_warps, many.programs)
     assert all(dataclasses.replace(jaxlib[n], ffi_launch=False) == xla[n] for n in widths
