@@ -1,8 +1,8 @@
 """``python -m bench.offline MxN,... [--fwd] [--fused] [--dtype D] [--casting C]``: the Pallas kernels (Triton
 lowering, ``impl="pallas"``) of a forward or backward on an H100, without one: lowered for an abstract H100 of 132
 SMs, each kernel's Triton IR compiled by the ``triton`` package for sm_90 the way jaxlib's launch compiles it
-(``pallas_norm.triton_ffi``: its warps and stages; ``register_cap`` where a persistent grid would be launched that
-way) and assembled by ``ptxas -v`` (the one ``triton`` ships). Per kernel: registers, spill bytes, static shared
+(``pallas_norm.triton_ffi``: its warps and stages; ``register_cap`` and ``pin_rounding``'s PTX where a persistent grid
+would be launched that way) and assembled by ``ptxas -v`` (the one ``triton`` ships). Per kernel: registers, spill bytes, static shared
 memory, and the ``bar.sync`` barriers inside loops (a cross-warp exchange every iteration).
 
 The config is the GPU's heuristic (``pallas_config.heuristic`` as where ``triton_ffi`` is available), lowered as XLA
@@ -37,8 +37,9 @@ _LOOP = re.compile(r"^(\$L__BB\d+_\d+):.*Loop Header", re.M)
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """One kernel's ``ptxas -v`` resources (``maxnreg``: the cap it was assembled under, None for none) and its
-    barriers: ``barriers`` in the whole kernel, ``loop_barriers`` inside loops."""
+    """One kernel's ``ptxas -v`` resources (``maxnreg``: the cap it was assembled under, None for none), its
+    barriers (``barriers`` in the whole kernel, ``loop_barriers`` inside loops) and ``contractible``: the PTX's
+    floating-point ``mul``/``add``/``sub`` without a rounding modifier (0 where jaxlib would launch it: pinned)."""
 
     name: str
     num_warps: int
@@ -49,6 +50,7 @@ class Report:
     shared: int
     barriers: int
     loop_barriers: int
+    contractible: int
 
 
 def abstract_h100():
@@ -90,12 +92,14 @@ def loop_barriers(ptx: str) -> int:
     return count
 
 
-def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None) -> Report:
-    """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``) and assembled by ptxas."""
+def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None,
+                   pinned: bool = False) -> Report:
+    """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``; ``pinned``: its PTX through
+    ``triton_ffi.pin_rounding``, as jaxlib's launch assembles it) and assembled by ptxas."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     binary = triton_ffi.triton_binary(ttir, 90, num_warps, num_stages, maxnreg)
-    ptx = binary.asm["ptx"]
+    ptx = triton_ffi.pin_rounding(binary.asm["ptx"]) if pinned else binary.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
@@ -103,7 +107,7 @@ def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, 
                              capture_output=True, text=True, check=True).stderr
     (res,) = ptxas.parse(out).values()
     return Report(name, num_warps, tuple(grid), maxnreg, res["registers"], res["spill_stores"],
-                  binary.metadata.shared, ptx.count("bar.sync"), loop_barriers(ptx))
+                  binary.metadata.shared, ptx.count("bar.sync"), loop_barriers(ptx), triton_ffi.contractible_ops(ptx))
 
 
 def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
@@ -121,9 +125,9 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
                                                  *((dtype, dtype) if fused else ()))
         module = module.compiler_ir("stablehlo")
         cap = pallas_config.register_cap(config) if config.ffi_launch else None
-    return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid,
-                           cap if c.grid[0] == config.programs else None)  # the persistent grid's kernel
-            for c in parse_program(module).calls]
+    by_jaxlib = lambda c: config.ffi_launch and c.grid[0] == config.programs  # noqa: E731 (the persistent grid's kernel)
+    return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid, cap if by_jaxlib(c) else None,
+                           pinned=by_jaxlib(c)) for c in parse_program(module).calls]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -145,7 +149,7 @@ def main(argv: list[str]) -> None:
                          casting=args.casting):
             print(f"{m}x{n} {r.name} warps={r.num_warps} grid={r.grid} maxnreg={r.maxnreg}: {r.registers} "
                   f"registers, {r.spill_stores} B spilled, {r.shared} B shared, {r.barriers} barriers "
-                  f"({r.loop_barriers} in loops)", flush=True)
+                  f"({r.loop_barriers} in loops), {r.contractible} contractible ops", flush=True)
 
 
 if __name__ == "__main__":

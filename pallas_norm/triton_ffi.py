@@ -73,6 +73,12 @@ def pin_rounding(ptx: str) -> str:
     return _UNROUNDED.sub(r"\1.rn\2.\3", ptx)
 
 
+def contractible_ops(ptx: str) -> int:
+    """How many floating-point ``mul``/``add``/``sub`` of ``ptx`` have no rounding modifier (the assembler may fuse
+    them into FMAs; 0 after :func:`pin_rounding`)."""
+    return len(_UNROUNDED.findall(ptx))
+
+
 def ttir_text(ir_bytes: bytes) -> str:
     """A kernel's Triton IR (MLIR bytecode from Pallas) as text, which Triton's parser reads."""
     make_ir_context, ir, register_triton_dialect = compat.mlir()

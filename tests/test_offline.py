@@ -1,7 +1,8 @@
 """``bench.offline``: the Pallas kernels compiled for an H100 on a machine without one. Barriers are counted inside
 loops only; the per-head backward at 256 columns shows the three per-row-block barriers the thirty-ninth session
 found, and none where dweight's terms are kept per tile row (``kernels.DW_PER_ROW``): the check fails on the kernel
-as it is, so it can fail; the held 16384-column backward assembles without spills under its register cap."""
+as it is, so it can fail; the held 16384-column backward assembles pinned and without spills under its register
+cap."""
 
 from __future__ import annotations
 
@@ -39,9 +40,15 @@ def test_per_head_backward_barriers(per_row, monkeypatch):
     assert main.loop_barriers == (0 if per_row else 3)
 
 
-def test_held_16384_backward_assembles_under_its_cap_without_spills():
-    main = offline.reports(4096, 16384)[0]
-    assert main.maxnreg == 128 and main.registers <= 128 and main.spill_stores == 0
+def test_held_16384_backward_assembles_pinned_under_its_cap_without_spills(monkeypatch):
+    """jaxlib launches the held backward: its PTX is assembled pinned (``triton_ffi.pin_rounding``, no contractible
+    op) under ``register_cap``; XLA launches the dweight reduction: unpinned, uncapped. Broken variant: the pin
+    skipped, which the count catches."""
+    main, reduce = offline.reports(4096, 16384)
+    assert main.maxnreg == 128 and main.registers <= 128 and main.spill_stores == 0 and main.contractible == 0
+    assert reduce.maxnreg is None and reduce.contractible > 0
+    monkeypatch.setattr(offline.triton_ffi, "pin_rounding", lambda ptx: ptx)
+    assert offline.reports(4096, 16384)[0].contractible > 0
 
 
 def test_cli_names_a_bad_shape_and_a_bad_dtype(capsys):
