@@ -2,8 +2,9 @@
 lowering, ``impl="pallas"``) of a forward or backward on an H100, without one: lowered for an abstract H100 of 132
 SMs, each kernel's Triton IR compiled by the ``triton`` package for sm_90 the way jaxlib's launch compiles it
 (``pallas_norm.triton_ffi``: its warps and stages; ``register_cap`` and ``pin_rounding``'s PTX where a persistent grid
-would be launched that way) and assembled by ``ptxas -v`` (the one ``triton`` ships). Per kernel: registers, spill bytes, static shared
-memory, and the ``bar.sync`` barriers inside loops (a cross-warp exchange every iteration).
+would be launched that way) and assembled by ``ptxas -v`` (the one ``triton`` ships). Per kernel: registers, spill
+bytes, static shared memory, the ``bar.sync`` barriers inside loops (a cross-warp exchange every iteration) and the
+floating-point ops the assembler may contract into FMAs.
 
 The config is the GPU's heuristic (``pallas_config.heuristic`` as where ``triton_ffi`` is available), lowered as XLA
 would launch it: the Triton IR is the same for both launches. XLA compiles its launches with its own Triton, so for
@@ -125,7 +126,7 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
                                                  *((dtype, dtype) if fused else ()))
         module = module.compiler_ir("stablehlo")
         cap = pallas_config.register_cap(config) if config.ffi_launch else None
-    by_jaxlib = lambda c: config.ffi_launch and c.grid[0] == config.programs  # noqa: E731 (the persistent grid's kernel)
+    by_jaxlib = lambda c: config.ffi_launch and c.grid[0] == config.programs  # noqa: E731 (the persistent grid)
     return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid, cap if by_jaxlib(c) else None,
                            pinned=by_jaxlib(c)) for c in parse_program(module).calls]
 

@@ -72,12 +72,12 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
-    """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584
-    fills 7/8 of 4096; 64, 128 and 512 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched
-    by jaxlib, and rows of 16384 leave their bands for it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
+    """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584 fills
+    7/8 of 4096; 64, 128 and 512 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched by
+    jaxlib, and rows of 16384 leave their bands for it (``BWD_FFI_HELD``); so are the pieces of ``BWD_FFI_PIECES``
     (2304, 2560, 5120), on that table's grid (the plain backward's 5120 on ``BWD_FFI_PIECES_PLAIN``'s 4 warps,
-    prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing
-    without ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
+    prefetching; ``test_pieces.py``); padded rows (3000 of 4096) and column bands stay XLA-launched; nothing without
+    ``available()``, where ``auto`` keeps Mosaic GPU's backward at 2560 and 5120."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     widths = (2048, 3584, 4096, 8192, 1024, 2304, 2560, 5120, 3000, 16384, 96)

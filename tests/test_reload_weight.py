@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from torch_bridge import triton_config, triton_kernels
+from torch_bridge import triton_config, triton_kernels, triton_product
 from torch_bridge.triton_config import Config
 
 from helpers import judge, torch_inputs
@@ -70,7 +70,7 @@ def test_the_heuristic_s_16384_tile_reloads_with_the_16_bit_product(monkeypatch)
     """float16 llama rows of 16384 take the heuristic's reloading tile with g a 16-bit multiply (``low``; under the
     interpreter float16 takes it, bfloat16 does not)."""
     tile = triton_config.backward_config(16384, triton_kernels.triton_launch.sm_count(torch.empty(0)), False, True)
-    assert tile.reload_weight and triton_kernels._grad_in_dtype(torch.ones(16384, dtype=torch.float16),
+    assert tile.reload_weight and triton_product.grad_in_dtype(torch.ones(16384, dtype=torch.float16),
                                                                  torch.float16, 0.0, "llama", 16384)
     _check((6, 16384), torch.float16, "llama", dataclasses.replace(tile, reload_weight=False), tile, monkeypatch, 6)
 
@@ -95,7 +95,7 @@ def test_gpu_the_16384_tile_keeps_the_held_tile_s_bits(casting, dtype, monkeypat
     holding the weight."""
     offset = 1.0 if casting == "gemma" else 0.0
     w = torch.ones(16384, dtype=dtype)
-    low = triton_kernels._grad_in_dtype(w, dtype, offset, casting, 16384, 4096)
+    low = triton_product.grad_in_dtype(w, dtype, offset, casting, 16384, 4096)
     tile = triton_config.backward_config(16384, torch.cuda.get_device_properties(0).multi_processor_count, False, low,
                                          4096)
     assert tile.reload_weight and tile.n_const and not tile.lag

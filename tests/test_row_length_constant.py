@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from torch_bridge import triton_config, triton_kernels
+from torch_bridge import triton_config, triton_kernels, triton_product
 
 from helpers import judge, torch_inputs
 
@@ -107,7 +107,7 @@ def test_gpu_backward_row_length_constant_same_bits(shape, dtype):
         dh_out = torch_inputs(shape, dtype, offset, seed=m + n + 1)[2]
         rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset=offset, casting=casting)[1]
         for add in ({}, dict(dh_out=dh_out)):
-            low = not add and triton_kernels._grad_in_dtype(w, dtype, offset, casting, n, m)
+            low = not add and triton_product.grad_in_dtype(w, dtype, offset, casting, n, m)
             tile = triton_config.backward_config(n, triton_kernels.triton_launch.sm_count(x), bool(add), low, m)
             if tile.lag:  # 16384 columns on bands: no resident tile
                 continue

@@ -95,13 +95,13 @@ def test_fused_add_keeps_rms_norm_of_h_bits_on_its_own_tile(n, casting):
 @pytest.mark.parametrize("n", [64, 128, 256])
 def test_per_head_rows_pass_the_rule_and_the_fused_add_keeps_rms_norm_s_dweight(n):
     """Per-head rows (65536 of them; ``triton_config.BWD_HEADS``: 4 warps with prefetch at 64 and 128 columns, plain
-    and fused add; 256: 8 warps, g in float32 from 4097 rows, ``triton_kernels.BWD_LOW_MAX_ROWS``) pass the float64
+    and fused add; 256: 8 warps, g in float32 from 4097 rows, ``triton_product.BWD_LOW_MAX_ROWS``) pass the float64
     rule, plain and with ``dh_out``, and the fused add's dweight is ``rms_norm``'s bits (one tile; a float32 weight,
     whose dweight keeps the float32 sum's bits: a bf16 one rounds most orders alike). Broken variant: the plain
     backward on the other warp count, whose rows' dweight terms are summed in another order."""
     import dataclasses
 
-    from torch_bridge import triton_config, triton_kernels
+    from torch_bridge import triton_config, triton_kernels, triton_product
 
     m = 65536
     x, w, dy = torch_inputs((m, n), torch.bfloat16, 0.0, seed=n)
@@ -112,7 +112,7 @@ def test_per_head_rows_pass_the_rule_and_the_fused_add_keeps_rms_norm_s_dweight(
     assert judge(x, w, dy, (y, *plain)) == []
     assert judge(x, w, dy, (y, *fused), dh_out=dh) == []
     tile = triton_config.backward_config(n, triton_kernels.triton_launch.sm_count(x), False,
-                                         triton_kernels._grad_in_dtype(w, x.dtype, 0.0, "llama", n, m), m)
+                                         triton_product.grad_in_dtype(w, x.dtype, 0.0, "llama", n, m), m)
     assert (tile.num_warps, tile.prefetch) == ((8, False) if n == 256 else (4, True))
     w32 = w.float()
     dweight = triton_kernels.rms_norm_bwd(dy, x, w32, rstd, 0.0, "llama", False, True)[1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pallas_norm.semantics import CASTINGS
-from torch_bridge import triton_config, triton_kernels
+from torch_bridge import triton_config, triton_kernels, triton_product
 
 from helpers import judge, torch_inputs
 
@@ -140,23 +140,23 @@ def test_backward_heuristic_prefetches_resident_rows():
 
 @pytest.mark.parametrize("casting,offset", [("llama", 0.0), ("none", 1.0)])
 def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monkeypatch):
-    """Where dy and w_eff are both values of the row dtype (``_grad_in_dtype``), the backward's g = r(dy·w_eff) is
-    one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held whole (16384
-    columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the interpreter rounds
-    it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows and at 256 up to 4096,
-    ``BWD_LOW_MAX_ROWS``; float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``). Broken
-    variant: the same multiply for gemma (its g is the unrounded float32 product, its w_eff = w + 1 not a value of
-    the dtype), which changes dx."""
+    """Where dy and w_eff are both values of the row dtype (``triton_product.grad_in_dtype``), the backward's g =
+    r(dy·w_eff) is one multiply in that dtype (``LOW``): the float32 product's bits, on the resident tile of rows held
+    whole (16384 columns, one program per SM) and a persistent one; the accuracy rule holds. float16 here (the
+    interpreter rounds it exactly; on the GPU bfloat16 takes it at every width, at 2048 columns up to 16384 rows and at
+    256 up to 4096, ``BWD_LOW_MAX_ROWS``; float16 only where the row is then held whole, ``BWD_LOW_RESIDENT_DTYPES``).
+    Broken variant: the same multiply for gemma (its g is the unrounded float32 product, its w_eff = w + 1 not a value
+    of the dtype), which changes dx."""
     w16 = torch.ones(8, dtype=torch.bfloat16)
     on_gpu = not triton_kernels.INTERPRET
-    assert triton_kernels._grad_in_dtype(w16, torch.bfloat16, 0.0, "llama", 1024) == on_gpu
-    assert triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 16384)
-    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 1024)
-    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 9000)  # padded: not held whole
-    assert not triton_kernels._grad_in_dtype(w16.half(), torch.float16, 1.0, "gemma", 16384)
-    monkeypatch.setattr(triton_kernels, "BWD_LOW_DTYPES", (torch.float16,))
+    assert triton_product.grad_in_dtype(w16, torch.bfloat16, 0.0, "llama", 1024) == on_gpu
+    assert triton_product.grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 16384)
+    assert not triton_product.grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 1024)
+    assert not triton_product.grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", 9000)  # padded: not held whole
+    assert not triton_product.grad_in_dtype(w16.half(), torch.float16, 1.0, "gemma", 16384)
+    monkeypatch.setattr(triton_product, "BWD_LOW_DTYPES", (torch.float16,))
     rows = {(n, m) for n in (256, 1024, 2048) for m in (0, 4096, 16384, 32768)
-            if triton_kernels._grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", n, m)}
+            if triton_product.grad_in_dtype(w16.half(), torch.float16, 0.0, "llama", n, m)}
     assert rows == {(256, 0), (256, 4096), (1024, 0), (1024, 4096), (1024, 16384), (1024, 32768), (2048, 0),
                     (2048, 4096), (2048, 16384)}  # BWD_LOW_MAX_ROWS
     configs = (triton_config.Config(1, 16384, 16, programs_per_sm=1), triton_config.Config(2, 512, 2))
@@ -166,8 +166,8 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
         y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **kw)
         low = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
         with monkeypatch.context() as patch:
-            patch.setattr(triton_kernels, "BWD_LOW_DTYPES", ())
-            patch.setattr(triton_kernels, "BWD_LOW_RESIDENT_DTYPES", ())
+            patch.setattr(triton_product, "BWD_LOW_DTYPES", ())
+            patch.setattr(triton_product, "BWD_LOW_RESIDENT_DTYPES", ())
             wide = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=config)
         assert all(torch.equal(a, b) for a, b in zip(low, wide))
         assert judge(x, w, dy, (y, *low), eps=1e-6, **kw) == []
@@ -175,7 +175,7 @@ def test_backward_product_in_the_row_dtype_keeps_the_bits(casting, offset, monke
     gemma = dict(offset=1.0, casting="gemma")
     rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **gemma)[1]
     want = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=configs[1])
-    monkeypatch.setattr(triton_kernels, "_output_in_dtype", lambda *a: True)
+    monkeypatch.setattr(triton_product, "output_in_dtype", lambda *a: True)
     broken = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", True, True, config=configs[1])
     assert not torch.equal(broken[0], want[0])
 

@@ -79,7 +79,7 @@ BWD_FEW_WARPS_MAX_N = 1024
 # float32 rows the fused add's spills (255 registers, 16-48 B), so they keep 8 warps without prefetch.
 BWD_HEADS = {64: (4, True), 128: (4, True)}
 # rms_norm's backward of full rows of these padded lengths, where g = r(dy·w_eff) is one multiply in the row dtype
-# (``low``, ``triton_kernels._grad_in_dtype``: 16-bit llama without offset and the weight in the row dtype, or none;
+# (``low``, ``triton_product.grad_in_dtype``: 16-bit llama without offset and the weight in the row dtype, or none;
 # w_eff then held as 16-bit values, half the registers): the row held whole, (rows per program, warps) on one program
 # per SM, instead of column bands. Thirty-third session (H100, launched by torch, kernels timed, three rounds;
 # probes_h100_2026-11-27_thirtythird.md §5), bf16 TB/s, bands → (1, 16): 32768×16384 2.53 → 2.86, 4096×16384 2.44
@@ -243,7 +243,7 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
                    fused: bool = False) -> Config:
     """The Pallas kernels' two-pass tile (``pallas_config.two_pass_tile``, ``l1_hints``) for ``m`` 16-bit rows
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
-    ``triton_kernels._output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
+    ``triton_product.output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
     rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
     row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements
     in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over
@@ -292,7 +292,7 @@ def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = Fal
 def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True) -> Config:
     """The backward of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths held whole on one program
     per SM, reloading the weight; ``rms_norm``'s (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held
-    whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_kernels._grad_in_dtype``);
+    whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_product.grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N`` (16-bit per-head rows:

@@ -21,7 +21,7 @@ import triton.language as tl
 from pallas_norm import rowmath
 from pallas_norm.pallas_config import balanced, cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs
 from torch_bridge import (custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces,
-                          triton_two_pass)
+                          triton_product, triton_two_pass)
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _row, _rstd,
                                          _store_y, _tile, _to_dt, _w_eff, _weight_low)
@@ -138,8 +138,8 @@ def _bwd_kernel(X, W, DY, DH, RSTD, C, DX, DWP, M, N, G, ITERS, offset,
     With SINGLE the chunk is the whole row and c = mean(g*x) is computed here, else read from C.
     HAS_DH (the fused add's backward, X being h): dx = r(dx_norm + dh_out), dh_out read from DH.
     PREFETCH: the next row block's x, dy and rstd are loaded before the current one's math (in flight meanwhile;
-    the same values, hence the same bits). LOW (``_grad_in_dtype``: dy and w_eff both values of DT): g = r(dy ·
-    w_eff) as one multiply in DT, the float32 product's bits, w_eff held as DT (half the registers of float32).
+    the same values, hence the same bits). LOW (``triton_product.grad_in_dtype``: dy and w_eff both values of DT): g =
+    r(dy · w_eff) as one multiply in DT, the float32 product's bits, w_eff held as DT (half the registers of float32).
     N_CONST (a full row held whole): N as a compile-time constant, else 0. RELOAD_W (``Config.reload_weight``): the
     weight is loaded again for every row block (an L1 hit) instead of held across the loop, and dweight's term is
     added before the row's sum, so that neither the weight nor dy is live across it (the same values, the same bits).
@@ -199,44 +199,6 @@ def _common(x: torch.Tensor) -> dict:
     return dict(DT=_TL_DTYPES[x.dtype], CT=_TL_DTYPES[custom_ops.rstd_dtype(x)], EMULATE_BF16=INTERPRET)
 
 
-def _output_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str) -> bool:
-    """``rowmath.output_in_dtype`` for a forward of rows of ``dtype``; not where the interpreter would have to
-    multiply bfloat16 (it rounds to bfloat16 by truncation: ``EMULATE_BF16``)."""
-    if weight is None or (INTERPRET and dtype == torch.bfloat16):
-        return False
-    return rowmath.output_in_dtype(casting, offset, weight.dtype == dtype, dtype.itemsize < 4)
-
-
-# The backward's g = r(dy·w_eff) is one multiply in the row dtype (``_output_in_dtype``, ``_bwd_kernel``'s LOW) for
-# these dtypes. Thirty-third session (H100, launched by torch, kernels timed; probes_h100_2026-11-27_thirtythird.md
-# §5-6): bf16 gained at every width measured (4096×1024 +1.6-1.9%, 32768×1024 +0.9-1.0%, 16384 columns on the resident
-# tile it lets fit, ``triton_config.BWD_RESIDENT_LOW``, +11-14%; 2048-8192 -0.4% to +0.2%). The fused add's backward
-# keeps the float32 product (not measured with the 16-bit one).
-BWD_LOW_DTYPES = (torch.bfloat16,)
-# These dtypes take it only on rows it lets be held whole (``triton_config.resident_low``). Thirty-fourth session
-# (H100, ``bench kernels``-timed, off/on alternating twice in one process; probes_h100_2026-11-27_thirtyfourth.md §1),
-# float16 TB/s off → on: 4096×1024 2.01-2.03 → 1.97, 32768×1024 2.80 → 2.66 (the same ``_bwd_kernel`` tile, 5% slower:
-# unexplained, bf16 gains there), 4096×16384 2.46-2.48 → 2.63, 32768×16384 2.58 → 2.76 (bands → the resident tile).
-BWD_LOW_RESIDENT_DTYPES = (torch.float16,)
-# Rows of these lengths take it up to this many rows only. Thirty-fifth session (H100, bf16, kernels timed, three
-# rounds alternating in one process, under BWD_N_CONST; probes_h100_2026-11-27_thirtyfifth.md §4), TB/s off → on:
-# 32768×2048 2.90 → 2.81 (-3.1%: the suite's 2.91 → 2.81 since the thirty-third session), 16384×2048 +0.4%, 4096×2048
-# +0.6%; 1024 columns +1.1-2.1% and 32768×4096 -0.3% keep it at every row count. Thirty-ninth session (the same
-# method; probes_h100_2026-11-28_thirtyninth.md §1-3), 256 columns (the (16, 8) tile), on → off: 1048576×256 2.57
-# → 2.93, 65536×256 2.13 → 2.36, but 4096×256 0.62 → 0.59 (with it since the thirty-third session, `bench fused`'s
-# 1048576×256 had read 2.57 against 2.93 before). 64 and 128 columns keep it (-0.5% to +8% on BWD_HEADS' tiles).
-BWD_LOW_MAX_ROWS = {2048: 16384, 256: 4096}
-
-
-def _grad_in_dtype(weight: torch.Tensor | None, dtype: torch.dtype, offset: float, casting: str, n: int,
-                   m: int = 0) -> bool:
-    """Whether the backward of ``m`` rows (0: few) of ``n`` columns of ``dtype`` multiplies g = r(dy·w_eff) in that
-    dtype (``BWD_LOW_DTYPES``, ``BWD_LOW_RESIDENT_DTYPES``, ``BWD_LOW_MAX_ROWS``; ``_output_in_dtype``: the same
-    bits)."""
-    taken = dtype in BWD_LOW_DTYPES or (dtype in BWD_LOW_RESIDENT_DTYPES and triton_config.resident_low(n))
-    return taken and m <= BWD_LOW_MAX_ROWS.get(n, m) and _output_in_dtype(weight, dtype, offset, casting)
-
-
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str,
                  config: Config | None = None, rstd: torch.Tensor | None = None, *,
                  residual: torch.Tensor | None = None, h_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
@@ -247,7 +209,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     M, N = custom_ops.rows(x)
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
-    low = _output_in_dtype(weight, row_dtype, offset, casting)
+    low = triton_product.output_in_dtype(weight, row_dtype, offset, casting)
     cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M, fused)
     for option in ("pieces", "reload_weight"):
         if getattr(cfg, option):
@@ -293,7 +255,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     M, N = custom_ops.rows(x)
     has_dh = dh_out is not None and need_dx
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
-    low = not has_dh and _grad_in_dtype(weight, x.dtype, offset, casting, N, M)
+    low = not has_dh and triton_product.grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     # arguments given positionally: keywords made this per-call lookup 79 → 168 ns when it was the cache itself
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, low, M, x.itemsize)
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
