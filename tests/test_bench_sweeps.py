@@ -1,6 +1,6 @@
 """The benchmark's sweep tools on CPU: the sweeps' timer over rotated input sets, the candidate tiles and configs of
-``bench.fwd_tiles``, ``bench.sweep`` and ``bench.bwd_candidates``, their tables, and the ptxas report the Mosaic
-sweep reads."""
+``bench.fwd_tiles``, ``bench.sweep`` (``bench.sweep_configs``) and ``bench.bwd_candidates``, their tables, and the
+ptxas report the Mosaic sweep reads."""
 
 from __future__ import annotations
 
@@ -101,55 +101,55 @@ def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch
 def test_triton_sweep_offers_bands_where_its_heuristic_does_not(monkeypatch):
     """Beyond 8192 columns the Triton reference's sweep adds band configs (one-warp bands at 4, 8 and 16 programs
     per SM, 4-warp bands on 2048 columns) to rows its heuristic does not band: the 16384-column forward."""
-    from bench import sweep
+    from bench import sweep_configs
     from pallas_norm import backend
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    configs = sweep.triton_configs(16384, False, quick=False)
+    configs = sweep_configs.triton_configs(16384, False, quick=False)
     bands = [c for c in configs[1:] if c.lag]
     assert configs[0] is None and len(bands) == 7 and {c.num_warps for c in bands} == {1, 4}
-    assert sweep.triton_configs(16384, False, quick=False, bands_only=True) == [None] + bands
-    assert not any(c and c.lag for c in sweep.triton_configs(8192, False, quick=False))
+    assert sweep_configs.triton_configs(16384, False, quick=False, bands_only=True) == [None] + bands
+    assert not any(c and c.lag for c in sweep_configs.triton_configs(8192, False, quick=False))
 
 
 def test_band_sweeps_cover_bands_and_the_chunked_path(monkeypatch):
     """At 262144 columns both stacks' sweeps (for an H100's 132 SMs) start from the heuristic (bands), vary them (the
     Pallas ones also in row groups: more programs than bands; one and four warps; carried blocks), and time the
     chunked path they replace."""
-    from bench import sweep
+    from bench import sweep_configs
     from pallas_norm import backend, band_slots, pallas_config
     from torch_bridge import triton_config
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     for backward, chunked in ((True, 2), (False, 1)):
-        pallas = sweep.pallas_configs(1024, 262144, backward, quick=False)
+        pallas = sweep_configs.pallas_configs(1024, 262144, backward, quick=False)
         assert pallas[0] is None and all(c.lag for c in pallas[1:-chunked])
         assert not any(c.lag for c in pallas[-chunked:])
         assert len({(c.block_cols, c.block_rows, c.num_warps, c.lag, c.prefetch) for c in pallas[1:-chunked]}) > 8
         fitted = [pallas_config.fit(c, 1024, 262144, backward=backward) for c in pallas[1:-chunked]]
         assert {1, 2, 4, 8} <= {band_slots.groups(c, 262144) for c in fitted}
         assert {c.num_warps for c in fitted} >= {1, 4} and any(c.carry for c in fitted)
-    triton = sweep.triton_configs(262144, True, quick=False)
+    triton = sweep_configs.triton_configs(262144, True, quick=False)
     assert triton[0] is None and triton[-1] == triton_config.chunked_backward_config()
     assert {c.lag for c in triton[1:-1]} == {1, 2, 3} and {c.groups for c in triton[1:-1]} >= {1, 2, 4}
     assert {c.num_warps for c in triton[1:-1]} == {1, 4}
-    triton = sweep.triton_configs(262144, False, quick=False)
+    triton = sweep_configs.triton_configs(262144, False, quick=False)
     assert triton[-1] == triton_config.chunked_forward_config() and all(c.lag for c in triton[1:-1])
 
 
 def test_mosaic_sweep_configs_start_from_the_heuristic_and_differ_in_plan():
-    from bench import sweep
+    from bench import sweep_configs
     from pallas_norm import mosaic_config
 
     for m, n, backward in ((32768, 2304, False), (32768, 4096, True), (8192, 32768, False), (4096, 65536, True)):
-        configs = sweep.mosaic_configs(m, n, 2, backward, quick=False)
+        configs = sweep_configs.mosaic_configs(m, n, 2, backward, quick=False)
         assert configs[0] is None and len(configs) > 2
         plans = [mosaic_config.fit(c, m, n, row_bytes=2 * (1 + backward), weight_bytes=2, widest=2,
                                    backward=backward) for c in configs]
         assert len(set(plans)) == len(plans)
         assert (n > 16384) == all(p.cluster > 1 for p in plans)
     longest = [mosaic_config.fit(c, 1024, 262144, row_bytes=4, weight_bytes=2, widest=2, backward=True)
-               for c in sweep.mosaic_configs(1024, 262144, 2, True, quick=False)]
+               for c in sweep_configs.mosaic_configs(1024, 262144, 2, True, quick=False)]
     assert len(longest) > 1 and {(p.cluster, p.dw_spill) for p in longest} == {(16, 8192)}  # only 16 holds the row
 
 
