@@ -163,7 +163,7 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
 def _backward_2d(x2, weight, dy2, rstd, *, offset, casting, impl, config, dh_out=None):
     m, n = x2.shape
     if impl == "auto":
-        impl = auto.lowering(True, n, config, m=m)
+        impl = auto.lowering(True, n, config, m=m, itemsize=x2.dtype.itemsize)
     if impl == "xla":
         return xla.backward_2d(x2, weight, dy2, rstd, offset=offset, casting=casting, dh_out=dh_out)
     if m == 0:

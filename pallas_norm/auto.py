@@ -82,25 +82,37 @@ padded columns, the assembler held to the registers that let the persistent grid
 2.87, 4096×5120 2.48 / 2.59 against 2.37 / 2.50 (``bench/results/bwd_pieces_ffi_h100.md``), 32768×2560 2.86 / 2.89
 against 2.69 / 2.86, 4096×2560 2.26 / 2.39 against 2.19 / 2.34 (``probes_h100_2026-11-26_twentythird.md`` §2): where
 jaxlib launches it (``pallas_config.ffi_backward``), that backward leaves Mosaic GPU.
+
+Forty-first session: the backward of 16-bit rows of 16384 columns that the Triton lowering holds whole
+(``pallas_config.ffi_held``, jaxlib's launch; thirty-eighth session) leaves Mosaic GPU where the rows are few:
+up to ``HELD_BWD_MAX_ROWS_PER_SM`` per SM. H100, ``bench kernels``, two processes
+(``bench/results/probes_h100_2026-11-28_fortyfirst.md`` §9), Mosaic GPU → held, TB/s: 4096×16384 bf16 llama 2.71 →
+2.77 (main kernel 146 → 142 µs), fp16 2.72 → 2.78, bf16 gemma 2.74 → 2.75; the fused add's backward level (2.81 /
+2.82). At 32768 rows (248 per SM) the two are level (±0.5%) and Mosaic GPU's fused add leads by 0.5%, so it stays
+there; in between untimed.
 """
 
 from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import ffi_backward, ffi_forward, full_row, one_program
+from .pallas_config import ffi_backward, ffi_forward, ffi_held, full_row, one_program
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
 TRITON_BWD_PIECES = frozenset({2304})  # and rows of these widths (held as their pieces: pallas_config.BWD_PIECES)
 MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
+HELD_BWD_MAX_ROWS_PER_SM = 32  # the held 16384-column backward (pallas_config.ffi_held) up to this many rows per SM
 
 
-def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None) -> str:
-    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` columns. A backward of at
-    most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs it as one launch (one
-    program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such calls are host-bound."""
+def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None,
+             itemsize: int | None = None) -> str:
+    """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` ``itemsize``-byte (when known)
+    columns. A backward of at most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs
+    it as one launch (one program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such
+    calls are host-bound. So does a backward the Triton lowering holds whole (``ffi_held``) of at most
+    ``HELD_BWD_MAX_ROWS_PER_SM`` rows per SM."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
@@ -109,7 +121,9 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        triton = (n <= TRITON_BWD_COLS and full_row(n)) or n in TRITON_BWD_PIECES or ffi_backward(n)
+        triton = (n <= TRITON_BWD_COLS and full_row(n)) or n in TRITON_BWD_PIECES or ffi_backward(n) or (
+            m is not None and itemsize is not None and m <= HELD_BWD_MAX_ROWS_PER_SM * backend.num_sms()
+            and ffi_held(m, n, itemsize))
         mosaic = lo <= n <= hi and not triton
     else:
         lo, hi = MOSAIC_FWD_COLS

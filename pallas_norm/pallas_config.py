@@ -68,6 +68,13 @@ def ffi_backward(n: int, m: int | None = None) -> bool:
     return not few and _ffi(n, BWD_FFI_RESIDENT)
 
 
+def ffi_held(m: int, n: int, itemsize: int) -> bool:
+    """Whether the backward (plain or fused add) of ``m`` rows of ``n`` ``itemsize``-byte columns is held whole on
+    ``BWD_RESIDENT``'s tile launched by jaxlib's Triton call instead of column bands (``BWD_FFI_HELD``: 16-bit rows of
+    exactly those lengths, more than one program's worth, where ``triton_ffi.available()``)."""
+    return itemsize == 2 and n in BWD_FFI_HELD and not one_program(m, n) and _available()
+
+
 def _ffi(n: int, padded_lengths) -> bool:
     return full_row(n) and next_pow2(n) in padded_lengths and _available()
 
@@ -177,7 +184,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     if not backward and ffi_forward(n):
         block_rows, warps = FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
-    held = backward and itemsize == 2 and n in BWD_FFI_HELD and not one_program(m, n) and _available()
+    held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
     if banded is not None:
         return banded

@@ -103,6 +103,33 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     assert auto.lowering(True, 6144) == "mosaic"  # a half of a power of two: not held as pieces
 
 
+def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
+    """``impl=None``'s backward of 16-bit rows of 16384 leaves Mosaic GPU for the held tile (``pallas_config.ffi_held``)
+    up to ``auto.HELD_BWD_MAX_ROWS_PER_SM`` rows per SM: not beyond, not for float32 rows (column bands), not where
+    the row width or jaxlib's launch is missing; the API hands ``lowering`` the rows' itemsize. Broken variant: the
+    bound at 0 keeps Mosaic GPU at 4096 rows."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    bound = auto.HELD_BWD_MAX_ROWS_PER_SM * 132
+    assert [auto.lowering(True, 16384, m=m, itemsize=2) for m in (4096, bound, bound + 1, 32768)] == [
+        "pallas", "pallas", "mosaic", "mosaic"]
+    assert auto.lowering(True, 16384, m=4096, itemsize=4) == "mosaic" and auto.lowering(True, 16384, m=4096) == "mosaic"
+    assert auto.lowering(True, 32768, m=1024, itemsize=2) == "mosaic"  # not BWD_FFI_HELD's width
+    with monkeypatch.context() as patch:
+        patch.setattr(auto, "HELD_BWD_MAX_ROWS_PER_SM", 0)
+        assert auto.lowering(True, 16384, m=4096, itemsize=2) == "mosaic"
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    assert auto.lowering(True, 16384, m=4096, itemsize=2) == "mosaic"
+    seen = []  # impl=None as on a GPU, each lowering answered "xla" (which runs here)
+    monkeypatch.setattr(backend, "on_gpu", lambda: True)
+    record = lambda backward, *a, **kw: seen.append((backward, kw.get("itemsize"))) or "xla"  # noqa: E731
+    monkeypatch.setattr(auto, "lowering", record)
+    x, w, dy = jax_inputs((4, 256), jnp.bfloat16, seed=5)
+    jax.vjp(lambda a, b: pn.rms_norm(a, b), x, w)[1](dy)
+    assert (True, 2) in seen
+
+
 def test_register_cap_lets_the_persistent_grid_fit(monkeypatch):
     """65536 registers per SM shared by the programs an SM gets, in steps of 8, at most 255; none for a grid of row
     blocks (the resident forward) and none where an SM's programs exceed its 2048 threads (one row per program at

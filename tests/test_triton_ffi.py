@@ -107,7 +107,8 @@ def test_gpu_backward_runs_through_jaxlib_and_matches_float64_rule(shape, dtype,
 def test_gpu_held_16384_backward_runs_through_jaxlib_and_matches_float64_rule(dtype, casting, offset):
     """``impl="pallas"``'s backward of rows of 16384 (``BWD_FFI_HELD``: held on one program per SM, the weight
     reloaded) holds the jaxlib call, meets the accuracy rule, and the fused add's dweight is ``rms_norm(h)``'s
-    bits."""
+    bits; ``impl=None`` runs it at these few rows per SM (``auto.HELD_BWD_MAX_ROWS_PER_SM``): the same call, the
+    same bits."""
     shape = (1000, 16384)
     config = pallas_config.heuristic(*shape, backward=True)
     assert config.ffi_launch and config.reload_weight and not config.lag
@@ -116,6 +117,9 @@ def test_gpu_held_16384_backward_runs_through_jaxlib_and_matches_float64_rule(dt
     bwd = jax.jit(lambda a, b, c: jax.vjp(lambda a, b: pn.rms_norm(a, b, impl="pallas", **mode), a, b)[1](c))
     assert triton_ffi.FFI_TARGET in bwd.lower(x, w, dy).as_text()
     check_jax(x, w, dy, "pallas", **mode)
+    auto = jax.jit(lambda a, b, c: jax.vjp(lambda a, b: pn.rms_norm(a, b, **mode), a, b)[1](c))
+    assert triton_ffi.FFI_TARGET in auto.lower(x, w, dy).as_text()
+    assert all((bits(p) == bits(q)).all() for p, q in zip(auto(x, w, dy), bwd(x, w, dy)))
     r, _, dh = jax_inputs(shape, dtype, offset, seed=17)
     h = pn.rms_norm_add(x, r, w, impl="pallas", **mode)[1]
     fused = jax.vjp(lambda b: pn.rms_norm_add(x, r, b, impl="pallas", **mode), w)[1]((dy, dh))[0]
