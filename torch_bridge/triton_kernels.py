@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pallas_norm import rowmath
 from pallas_norm.pallas_config import balanced, cdiv  # not triton.cdiv: a ConstexprFunction since Triton 3.5, ~1 µs
 from torch_bridge import (custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces,
                           triton_product, triton_two_pass)
