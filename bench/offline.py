@@ -33,14 +33,19 @@ from torch_bridge import launch_route
 from torch_bridge.xla_program import parse_program
 
 SMS = 132  # an H100's
+SHARED_PER_SM = 228 * 1024  # bytes of shared memory an H100 SM holds, of which each resident program reserves
+SHARED_RESERVED = 1024  # bytes (the driver's)
+PROGRAMS_PER_SM = 32  # resident programs (thread blocks) per SM, at most
 _LOOP = re.compile(r"^(\$L__BB\d+_\d+):.*Loop Header", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
 class Report:
     """One kernel's ``ptxas -v`` resources (``maxnreg``: the cap it was assembled under, None for none), its
-    barriers (``barriers`` in the whole kernel, ``loop_barriers`` inside loops) and ``contractible``: the PTX's
-    floating-point ``mul``/``add``/``sub`` without a rounding modifier (0 where jaxlib would launch it: pinned)."""
+    barriers (``barriers`` in the whole kernel, ``loop_barriers`` inside loops), ``contractible``: the PTX's
+    floating-point ``mul``/``add``/``sub`` without a rounding modifier (0 where jaxlib would launch it: pinned),
+    ``per_sm``: how many of its programs an SM holds at once (``programs_per_sm``) and ``asks``: how many its
+    persistent grid puts on each SM (None for a grid of row blocks, which runs in waves)."""
 
     name: str
     num_warps: int
@@ -52,6 +57,19 @@ class Report:
     barriers: int
     loop_barriers: int
     contractible: int
+    per_sm: int
+    asks: int | None = None
+
+
+def programs_per_sm(registers: int, num_warps: int, shared: int) -> int:
+    """How many programs of ``num_warps`` warps, ``registers`` per thread and ``shared`` bytes of shared memory an H100
+    SM holds at once: registers are allocated per warp in steps of 256 (8 per thread) from
+    ``pallas_config.REGISTERS_PER_SM``, at most ``pallas_config.THREADS_PER_SM`` threads and ``PROGRAMS_PER_SM``
+    programs, each program's shared memory plus ``SHARED_RESERVED`` from ``SHARED_PER_SM``."""
+    per_warp = pallas_config.cdiv(registers, 8) * 8 * 32
+    by_registers = pallas_config.REGISTERS_PER_SM // per_warp // num_warps
+    by_threads = pallas_config.THREADS_PER_SM // (32 * num_warps)
+    return min(by_registers, by_threads, SHARED_PER_SM // (shared + SHARED_RESERVED), PROGRAMS_PER_SM)
 
 
 def abstract_h100():
@@ -94,9 +112,10 @@ def loop_barriers(ptx: str) -> int:
 
 
 def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None,
-                   pinned: bool = False) -> Report:
+                   pinned: bool = False, persistent: bool = False) -> Report:
     """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``; ``pinned``: its PTX through
-    ``triton_ffi.pin_rounding``, as jaxlib's launch assembles it) and assembled by ptxas."""
+    ``triton_ffi.pin_rounding``, as jaxlib's launch assembles it) and assembled by ptxas; ``persistent``: its grid
+    is a persistent one (``Report.asks``)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     binary = triton_ffi.triton_binary(ttir, 90, num_warps, num_stages, maxnreg)
@@ -107,8 +126,11 @@ def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, 
         out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"],
                              capture_output=True, text=True, check=True).stderr
     (res,) = ptxas.parse(out).values()
-    return Report(name, num_warps, tuple(grid), maxnreg, res["registers"], res["spill_stores"],
-                  binary.metadata.shared, ptx.count("bar.sync"), loop_barriers(ptx), triton_ffi.contractible_ops(ptx))
+    shared = binary.metadata.shared
+    return Report(name, num_warps, tuple(grid), maxnreg, res["registers"], res["spill_stores"], shared,
+                  ptx.count("bar.sync"), loop_barriers(ptx), triton_ffi.contractible_ops(ptx),
+                  programs_per_sm(res["registers"], num_warps, shared),
+                  pallas_config.cdiv(grid[0], SMS) if persistent else None)
 
 
 def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
@@ -126,9 +148,12 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
                                                  *((dtype, dtype) if fused else ()))
         module = module.compiler_ir("stablehlo")
         cap = pallas_config.register_cap(config) if config.ffi_launch else None
-    by_jaxlib = lambda c: config.ffi_launch and c.grid[0] == config.programs  # noqa: E731 (the persistent grid)
+    # jaxlib launches the config's kernel (not the dweight reduction); a persistent grid walks several row blocks
+    by_jaxlib = lambda c: config.ffi_launch and not c.name.endswith("dweight_reduce")  # noqa: E731
+    persistent = lambda c: (config.programs is not None and c.grid[0] == config.programs  # noqa: E731
+                            and config.programs < pallas_config.cdiv(m, config.block_rows))
     return [compile_kernel(c.name, c.ttir, c.num_warps, c.num_stages, c.grid, cap if by_jaxlib(c) else None,
-                           pinned=by_jaxlib(c)) for c in parse_program(module).calls]
+                           pinned=by_jaxlib(c), persistent=persistent(c)) for c in parse_program(module).calls]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -150,7 +175,8 @@ def main(argv: list[str]) -> None:
                          casting=args.casting):
             print(f"{m}x{n} {r.name} warps={r.num_warps} grid={r.grid} maxnreg={r.maxnreg}: {r.registers} "
                   f"registers, {r.spill_stores} B spilled, {r.shared} B shared, {r.barriers} barriers "
-                  f"({r.loop_barriers} in loops), {r.contractible} contractible ops", flush=True)
+                  f"({r.loop_barriers} in loops), {r.contractible} contractible ops, {r.per_sm} per SM"
+                  + (f" (its grid asks {r.asks})" if r.asks else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 loops only; the per-head backward at 256 columns shows the three per-row-block barriers the thirty-ninth session
 found, and none where dweight's terms are kept per tile row (``kernels.DW_PER_ROW``): the check fails on the kernel
 as it is, so it can fail; the held 16384-column backward assembles pinned and without spills under its register
-cap."""
+cap; how many programs an SM holds at once against how many a persistent grid asks."""
 
 from __future__ import annotations
 
@@ -47,8 +47,31 @@ def test_held_16384_backward_assembles_pinned_under_its_cap_without_spills(monke
     main, reduce = offline.reports(4096, 16384)
     assert main.maxnreg == 128 and main.registers <= 128 and main.spill_stores == 0 and main.contractible == 0
     assert reduce.maxnreg is None and reduce.contractible > 0
+    assert (main.per_sm, main.asks, reduce.asks) == (1, 1, None)  # one program per SM, its grid's one
+    (fwd,) = offline.reports(32768, 8192, backward=False)  # jaxlib's too, on a grid of row blocks
+    assert fwd.maxnreg is None and fwd.contractible == 0 and fwd.asks is None
     monkeypatch.setattr(offline.triton_ffi, "pin_rounding", lambda ptx: ptx)
     assert offline.reports(4096, 16384)[0].contractible > 0
+
+
+def test_programs_per_sm_counts_registers_per_warp_in_steps_of_8():
+    """An SM's 65536 registers go to warps in steps of 256 (8 per thread): 97 registers count as 104, so 19 one-warp
+    programs fit where 97 × 32 per warp would give 21 (the broken variant, which the count catches); threads, programs
+    and shared memory bound it too."""
+    assert offline.programs_per_sm(97, 1, 0) == 19 != 65536 // (97 * 32)
+    assert [offline.programs_per_sm(r, 8, 8192) for r in (128, 129, 149)] == [2, 1, 1]
+    assert offline.programs_per_sm(32, 16, 64) == 4 and offline.programs_per_sm(16, 1, 0) == 32  # threads, programs
+    assert offline.programs_per_sm(32, 4, 100 * 1024) == 2  # shared memory
+
+
+def test_the_fused_add_s_per_row_backward_at_512_columns_fits_one_program_per_sm_on_xla_s_launch():
+    """The forty-first session's §7: at 8192 rows (XLA's launch, no register cap) the fused add's per-row backward
+    takes 149 registers, so one of the two 8-warp programs its persistent grid puts on each SM fits at a time; where
+    jaxlib launches it (524288 rows) the cap holds it to 128 and both fit."""
+    few = offline.reports(8192, 512, fused=True)[0]
+    assert (few.maxnreg, few.per_sm, few.asks) == (None, 1, 2) and few.registers > 128
+    many = offline.reports(524288, 512, fused=True)[0]
+    assert (many.maxnreg, many.per_sm, many.asks) == (128, 2, 2)
 
 
 def test_cli_names_a_bad_shape_and_a_bad_dtype(capsys):
