@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from . import backend, rowmath, triton_ffi
 from .dweight import reduce_dweight
-from .order_tables import DW_PER_ROW, H_FIRST_MAX_COLS, WEIGHT_FIRST_F32_MAX_COLS, WEIGHT_FIRST_MAX_COLS
+from .order_tables import DH_LOAD, DW_PER_ROW, H_FIRST_MAX_COLS, WEIGHT_FIRST_F32_MAX_COLS, WEIGHT_FIRST_MAX_COLS
 from .pallas_config import Config, cdiv, pieces_of, register_cap
 from .rounding import rounder
 from .tiles import (F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight, _weight_in_dtype, grad_in_dtype,
@@ -151,14 +151,20 @@ def _bwd_inputs(refs: list, has_weight: bool, has_dh_out: bool) -> tuple:
     return x_ref, w_ref, dy_ref, dh_ref, refs.pop(0)
 
 
+def _dh_tile(dh_ref, rows, rmask, cols, cmask):
+    """A row block's dh_out tile in its dtype, loaded within the block (``DH_LOAD``)."""
+    return _tile(dh_ref, rows, rmask, cols, cmask, dtype=None)
+
+
 def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw, has_dh_out=False):
     """Persistent backward: program ``pid`` takes row blocks pid, pid + programs, ...; writes their ``dx`` and
     one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers (with
     ``config.pieces`` the row's power-of-two pieces, their sums added in piece order). Chunked rows: program
     ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel. ``has_dh_out`` (the fused
-    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``). dweight's terms
-    are summed over each row block's rows every block; resident tiles of several rows of ``DW_PER_ROW``'s widths keep
-    them per tile row and sum the rows once after the loop (another order, other bits)."""
+    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``), dh_out fetched
+    with x and dy, or at ``DH_LOAD``'s widths within its block. dweight's terms are summed over each row block's rows
+    every block; resident tiles of several rows of ``DW_PER_ROW``'s widths keep them per tile row and sum the rows
+    once after the loop (another order, other bits)."""
     refs = list(refs)
     x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     s_ref = None if config.resident(n) else refs.pop(0)
@@ -175,6 +181,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         return [(_weight_in_dtype if low else _weight)(w_ref, c, cm, offset, casting, dt) for c, cm in spans]
 
     w_eff = None if config.reload_weight else weights()
+    dh_at = DH_LOAD.get(config.block_cols) if dh_ref is not None and need_dx and config.resident(n) else None
 
     def fetch(t):
         """Row block ``t`` of this program: raw x and dy tiles per span, rstd, [dh_out tiles] (blocks past the last
@@ -185,7 +192,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             return tuple(_tile(ref, rows, rmask, c, cm, dtype=None) for c, cm in spans)
 
         fetched = (tiles(x_ref), tiles(dy_ref), backend.load(rstd_ref.at[rows], rmask))
-        return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx else fetched
+        return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx and dh_at is None else fetched
 
     per_row = config.resident(n) and br > 1 and config.block_cols in DW_PER_ROW
 
@@ -198,6 +205,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         rows, rmask = _span((pid + t * programs) * br, br, m)
         x32, dy32 = ([a.astype(F32) for a in tiles[i]] for i in (0, 1))
         rstd = tiles[2][:, None]
+        dh = ([_dh_tile(dh_ref, rows, rmask, c, cm) for c, cm in spans] if dh_at == "block" else
+              tiles[3] if dh_ref is not None and dh_at is None else None)
         if need_dw and config.reload_weight:  # before the row's sum: dy is not live across it (the same bits)
             dw_acc = dweight_terms(dw_acc, x32, dy32, rstd)
         if need_dx:
@@ -215,7 +224,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             for i, (c, cm) in enumerate(spans):
                 dx = rowmath.grad_input(x32[i], g[i], rstd, sum_gx, F32(n))
                 if dh_ref is not None:
-                    dx = rowmath.grad_residual(dx, tiles[3][i].astype(F32))
+                    dhp = _dh_tile(dh_ref, rows, rmask, c, cm) if dh_at == "use" else dh[i]
+                    dx = rowmath.grad_residual(dx, dhp.astype(F32))
                 dx = dx.astype(dt)
                 backend.store(dx_ref.at[rows[:, None], c[None, :]], dx, _tile_mask(rmask, c, cm))
         if need_dw and not config.reload_weight:

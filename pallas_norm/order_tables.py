@@ -32,3 +32,11 @@ H_FIRST_MAX_COLS = 1024
 # jaxlib's launch of the per-row tile 2.89 / 2.99, 2.69 / 2.77, 1.52 / 1.69 (of the per-block one 1.20 / 1.56 at
 # 524288 rows): so from BWD_FFI_MIN_ROWS_PER_SM rows per SM jaxlib launches it (ffi_tables).
 DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256, 512})
+# The fused add's resident backward at these padded widths loads a row block's dh_out within that block ("block": at
+# its start; "use": where dx adds it, after the row's sum) instead of with the block's x and dy, which a prefetching
+# config loads one block ahead (dh_out then live across the loop). The same values, the same bits. Offline
+# (``python -m bench.offline``, forty-first session; probes_h100_2026-11-28_fortyfirst.md §12), registers
+# prefetched → "use": 8192×512 149 → 123 (XLA's launch: 1 → 2 programs per SM, the fused add's loss in §7),
+# 524288×512 under jaxlib's cap 128 + 8 B spilled → 124, 4096×16384 128 + 44 B spilled → 128, 1048576×256 126 → 124;
+# "block": 128, 128, 128 + 44 B, 120. Not timed yet: empty until measured on the GPU.
+DH_LOAD: dict[int, str] = {}

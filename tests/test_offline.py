@@ -64,14 +64,19 @@ def test_programs_per_sm_counts_registers_per_warp_in_steps_of_8():
     assert offline.programs_per_sm(32, 4, 100 * 1024) == 2  # shared memory
 
 
-def test_the_fused_add_s_per_row_backward_at_512_columns_fits_one_program_per_sm_on_xla_s_launch():
+def test_the_fused_add_s_per_row_backward_at_512_columns_fits_one_program_per_sm_on_xla_s_launch(monkeypatch):
     """The forty-first session's §7: at 8192 rows (XLA's launch, no register cap) the fused add's per-row backward
     takes 149 registers, so one of the two 8-warp programs its persistent grid puts on each SM fits at a time; where
-    jaxlib launches it (524288 rows) the cap holds it to 128 and both fit."""
+    jaxlib launches it (524288 rows) the cap holds it to 128 and both fit. With dh_out loaded where dx uses it
+    (``kernels.DH_LOAD``, §12) both fit under XLA's launch too."""
     few = offline.reports(8192, 512, fused=True)[0]
     assert (few.maxnreg, few.per_sm, few.asks) == (None, 1, 2) and few.registers > 128
     many = offline.reports(524288, 512, fused=True)[0]
     assert (many.maxnreg, many.per_sm, many.asks) == (128, 2, 2)
+    monkeypatch.setattr(kernels, "DH_LOAD", {512: "use"})
+    jax.clear_caches()  # the kernel reads DH_LOAD when traced
+    late = offline.reports(8192, 512, fused=True)[0]
+    assert (late.per_sm, late.asks, late.spill_stores) == (2, 2, 0) and late.registers <= 128
 
 
 def test_cli_names_a_bad_shape_and_a_bad_dtype(capsys):
