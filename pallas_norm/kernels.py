@@ -161,10 +161,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     one float32 ``dweight`` partial. Resident rows: one program per row block set, ``sum(g·x)`` in registers (with
     ``config.pieces`` the row's power-of-two pieces, their sums added in piece order). Chunked rows: program
     ``(pid, j)`` owns column chunk ``j`` and reads ``sum(g·x)`` from the rowsum kernel. ``has_dh_out`` (the fused
-    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``), dh_out fetched
-    with x and dy, or at ``DH_LOAD``'s widths within its block. dweight's terms are summed over each row block's rows
-    every block; resident tiles of several rows of ``DW_PER_ROW``'s widths keep them per tile row and sum the rows
-    once after the loop (another order, other bits)."""
+    add's backward, x being h): ``dx = r(dx_norm + dh_out)`` (refs ``…, dy, dh_out, rstd, …``; dh_out loaded
+    in its block at ``DH_LOAD``'s widths). dweight's terms are summed over each row block's rows every block; tiles
+    of several rows of ``DW_PER_ROW``'s widths keep them per tile row, summed once after the loop (other bits)."""
     refs = list(refs)
     x_ref, w_ref, dy_ref, dh_ref, rstd_ref = _bwd_inputs(refs, has_weight, has_dh_out)
     s_ref = None if config.resident(n) else refs.pop(0)
@@ -182,6 +181,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
 
     w_eff = None if config.reload_weight else weights()
     dh_at = DH_LOAD.get(config.block_cols) if dh_ref is not None and need_dx and config.resident(n) else None
+    if dh_at not in (None, "block", "use"):
+        raise ValueError(f"DH_LOAD[{config.block_cols}] must be 'block' or 'use', got {dh_at!r}")
 
     def fetch(t):
         """Row block ``t`` of this program: raw x and dy tiles per span, rstd, [dh_out tiles] (blocks past the last
