@@ -63,13 +63,12 @@ class Report:
 
 def programs_per_sm(registers: int, num_warps: int, shared: int) -> int:
     """How many programs of ``num_warps`` warps, ``registers`` per thread and ``shared`` bytes of shared memory an H100
-    SM holds at once: registers are allocated per warp in steps of 256 (8 per thread) from
-    ``pallas_config.REGISTERS_PER_SM``, at most ``pallas_config.THREADS_PER_SM`` threads and ``PROGRAMS_PER_SM``
-    programs, each program's shared memory plus ``SHARED_RESERVED`` from ``SHARED_PER_SM``."""
-    per_warp = pallas_config.cdiv(registers, 8) * 8 * 32
-    by_registers = pallas_config.REGISTERS_PER_SM // per_warp // num_warps
-    by_threads = pallas_config.THREADS_PER_SM // (32 * num_warps)
-    return min(by_registers, by_threads, SHARED_PER_SM // (shared + SHARED_RESERVED), PROGRAMS_PER_SM)
+    SM holds at once: what its register file holds (``ptxas.resident_ctas``: allocated per warp in steps of 256), at
+    most ``pallas_config.THREADS_PER_SM`` threads and ``PROGRAMS_PER_SM`` programs, each program's shared memory plus
+    ``SHARED_RESERVED`` from ``SHARED_PER_SM``."""
+    threads = 32 * num_warps
+    return min(ptxas.resident_ctas(registers, threads), pallas_config.THREADS_PER_SM // threads,
+               SHARED_PER_SM // (shared + SHARED_RESERVED), PROGRAMS_PER_SM)
 
 
 def abstract_h100():
