@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import re
 import statistics
 import subprocess
 import sys
@@ -269,6 +268,8 @@ def versions(env: dict) -> str:
 
 
 def gpu_slug(gpu: str) -> str:
-    """A file-name part for a GPU name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"."""
-    words = re.sub(r"^nvidia\s+", "", gpu.strip().lower()).split()
-    return re.sub(r"[^a-z0-9]+", "-", words[0] if words else "gpu")
+    """A file-name part for a GPU name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200" (the key of the
+    kernels' per-model tables too: ``backend.model_slug``)."""
+    from pallas_norm.backend import model_slug
+
+    return model_slug(gpu)

@@ -9,6 +9,7 @@ interpreter from ``mosaic``/``mosaic_params``/``mosaic_interpret``. Both are imp
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from collections.abc import Callable
 
@@ -75,6 +76,20 @@ def num_sms() -> int:
     if device.platform != "gpu":
         return 8
     return int(getattr(device, "core_count", 0) or 132)
+
+
+def model_slug(name: str) -> str:
+    """A GPU model's short name from its device name: "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200"."""
+    words = re.sub(r"^nvidia\s+", "", name.strip().lower()).split()
+    return re.sub(r"[^a-z0-9]+", "-", words[0] if words else "gpu")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_model() -> str:
+    """The default GPU's model (``model_slug`` of its device kind; "" off a GPU): the key of the per-model tables,
+    e.g. ``ffi_tables.FWD_FFI_ALL_ROWS``."""
+    device = jax.devices()[0]
+    return model_slug(device.device_kind) if device.platform == "gpu" else ""
 
 
 def on_gpu() -> bool:

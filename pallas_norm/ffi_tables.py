@@ -1,7 +1,7 @@
 """Which kernels jaxlib's Triton call launches (``Config.ffi_launch``, ``triton_ffi``) instead of XLA, and on which
 tiles: the tables, with the H100 measurements behind them (and ``two_pass_tile``, the two-pass table's lookup).
 ``pallas_config.heuristic`` reads them (and re-exports them: ``pallas_config.FWD_FFI_RESIDENT`` is this module's);
-``ffi_forward``, ``ffi_few_rows`` and ``ffi_backward`` there say where they apply (full rows, row counts,
+``ffi_forward``, ``ffi_xla_tile`` and ``ffi_backward`` there say where they apply (full rows, row counts,
 ``triton_ffi.available()``).
 
 Why a second launcher pays: XLA launches every kernel with dynamic shared memory at the most shared memory, the
@@ -101,6 +101,16 @@ BWD_FFI_HELD = frozenset({16384})
 # (8192×1024 2.60 → 2.57, 32768×1024 2.90 → 2.88). rstd's bits follow the compiler (the triton package sums a
 # thread's elements in another order than XLA's Triton); y's did not change.
 FWD_FFI_FEW_ROWS = {1024: 32}
+# Per GPU model (``backend.gpu_model()``): the padded lengths whose resident forward (plain and fused add, both or
+# neither; any fill) jaxlib's Triton call launches on those tiles at every row count. Forty-second session (H200, bf16
+# llama, from JAX, kernels timed over rotated inputs, two rounds; probes_h200_2026-11-28_fortysecond.md §2-3), XLA's
+# launch → jaxlib's, plain / fused add TB/s: 2097152×128 4.10 / 4.10 → 4.21 / 4.20, 1048576×256 4.13 / 4.10 → 4.23 /
+# 4.21, 524288×512 3.98 / 4.05 → 4.15 / 4.12, 32768×1024 3.99 / 4.05 → 4.01 / 4.17, 4096×2048 3.31 / 3.76 → 3.36 /
+# 3.77, 32768×2048 4.11 / 4.21 → 4.18 / 4.26. Not 4096 (2304, 3584, 4096 columns): there the plain forward from JAX
+# is level (2304 +2.7%, 3584 -0.7%) while the torch launch route, which launches XLA's binary with the driver's
+# carveout otherwise, lost 4% in the suite (4096×4096 3.79 → 3.62, 32768×4096 4.27 → 4.11; the fused add from JAX
+# gained 3%). The H100 keeps FWD_FFI_FEW_ROWS alone (its plain forward lost ~1% beyond one wave this way).
+FWD_FFI_ALL_ROWS: dict[str, frozenset[int]] = {"h200": frozenset({128, 256, 512, 1024, 2048})}
 # The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
 # is available, on these tiles instead of BWD_PIECES': (warps, programs per SM, prefetch), the Triton reference's
 # (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...

@@ -12,7 +12,8 @@ import dataclasses
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
-                         BWD_FFI_RESIDENT, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS, two_pass_tile)
+                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS,
+                         two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -50,11 +51,13 @@ def ffi_forward(n: int) -> bool:
     return _ffi(n, FWD_FFI_RESIDENT)
 
 
-def ffi_few_rows(m: int, n: int) -> bool:
+def ffi_xla_tile(m: int, n: int) -> bool:
     """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` columns is launched by jaxlib's Triton
-    call on its XLA tile (``FWD_FFI_FEW_ROWS``: full rows of those padded lengths, at most that many rows per SM)."""
-    per_sm = FWD_FFI_FEW_ROWS.get(next_pow2(n))
-    return per_sm is not None and full_row(n) and _available() and m <= per_sm * backend.num_sms()
+    call on its XLA tile: ``FWD_FFI_FEW_ROWS`` (full rows of those padded lengths, at most that many rows per SM) or
+    ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names), where ``triton_ffi.available()``."""
+    n_pad, per_sm = next_pow2(n), FWD_FFI_FEW_ROWS.get(next_pow2(n))
+    few = per_sm is not None and full_row(n) and m <= per_sm * backend.num_sms()
+    return (few or n_pad in FWD_FFI_ALL_ROWS.get(backend.gpu_model(), ())) and _available()
 
 
 def ffi_backward(n: int, m: int | None = None) -> bool:
@@ -201,7 +204,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         else:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
-        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_few_rows(m, n), l1_hints=hints), m, n,
+        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_xla_tile(m, n), l1_hints=hints), m, n,
                    backward=False)
     pieces, ffi = n in BWD_PIECES, held or ffi_backward(n, m)
     if pieces:

@@ -71,6 +71,26 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
     assert pallas_config.heuristic(limit // 2, 1024, backward=False).ffi_launch
 
 
+def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_row_count(monkeypatch):
+    """``FWD_FFI_ALL_ROWS``: on an H200 the resident forward of rows padded to 128-2048 columns (full or not: 700 and
+    1000 pad to 1024) takes jaxlib's launch on the tiles XLA launches otherwise, at any row count, the plain forward
+    and the fused add's alike; other lengths (64, 2304, 4096), other models (the H100's table: few full rows of 1024
+    only) and no ``available()`` keep XLA's launch."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = [(m, n, f) for m in (64, 4096, 32768) for n in (64, 128, 256, 512, 700, 1000, 2048, 2304, 4096)
+              for f in (False, True)]
+    h100 = {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2]) for s in shapes}
+    assert not h100[(32768, 512, False)].ffi_launch and not h100[(32768, 1000, True)].ffi_launch
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    for (m, n, fused), config in h100.items():
+        h200 = pallas_config.heuristic(m, n, backward=False, fused=fused)
+        expected = config.ffi_launch or 128 <= n <= 2048
+        assert h200 == dataclasses.replace(config, ffi_launch=expected), (m, n, fused)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
+
+
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584 fills
     7/8 of 4096; 64, 128 and 512 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched by
