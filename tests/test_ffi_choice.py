@@ -91,6 +91,17 @@ def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_ro
     assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
 
 
+def test_the_per_model_table_is_keyed_by_the_device_name_s_slug(monkeypatch):
+    """``backend.gpu_model()`` is ``model_slug`` of the device kind JAX reports ("" off a GPU), and the H200 table's
+    key is what an H200 reports ("NVIDIA H200", as nvidia-smi and JAX name it): a key spelt otherwise never
+    applies."""
+    monkeypatch.undo()  # the real gpu_model (conftest pins it to "" for tests not marked gpu)
+    device = jax.devices()[0]
+    assert backend.gpu_model() == (backend.model_slug(device.device_kind) if device.platform == "gpu" else "")
+    assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_FFI_ALL_ROWS
+    assert backend.model_slug("NVIDIA H100 80GB HBM3") not in pallas_config.FWD_FFI_ALL_ROWS
+
+
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
     """The resident backward of full rows of ``BWD_FFI_RESIDENT``'s padded lengths (1024, 2048, 4096, 8192: 3584 fills
     7/8 of 4096; 64, 128 and 512 from ``BWD_FFI_MIN_ROWS_PER_SM``'s rows) keeps BWD_RESIDENT's tile and is launched by
