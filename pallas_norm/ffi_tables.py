@@ -107,7 +107,7 @@ FWD_FFI_FEW_ROWS = {1024: 32}
 # launch → jaxlib's, plain / fused add TB/s: 2097152×128 4.10 / 4.10 → 4.21 / 4.20, 1048576×256 4.13 / 4.10 → 4.23 /
 # 4.21, 524288×512 3.98 / 4.05 → 4.15 / 4.12, 32768×1024 3.99 / 4.05 → 4.01 / 4.17, 4096×2048 3.31 / 3.76 → 3.36 /
 # 3.77, 32768×2048 4.11 / 4.21 → 4.18 / 4.26. Not 4096 (2304, 3584, 4096 columns): there the plain forward from JAX
-# is level (2304 +2.7%, 3584 -0.7%) while the torch launch route, which launches XLA's binary with the driver's
+# is level (2304 +2.0/+2.6%, 3584 -0.7%) while the torch launch route, which launches XLA's binary with the driver's
 # carveout otherwise, lost 4% in the suite (4096×4096 3.79 → 3.62, 32768×4096 4.27 → 4.11; the fused add from JAX
 # gained 3%). The H100 keeps FWD_FFI_FEW_ROWS alone (its plain forward lost ~1% beyond one wave this way).
 FWD_FFI_ALL_ROWS: dict[str, frozenset[int]] = {"h200": frozenset({128, 256, 512, 1024, 2048})}

@@ -39,6 +39,7 @@ DW_PER_ROW: frozenset[int] = frozenset({64, 128, 256, 512})
 # prefetched → "use": 8192×512 149 → 123 (XLA's launch: 1 → 2 programs per SM, the fused add's loss in §7),
 # 524288×512 under jaxlib's cap 128 + 8 B spilled → 124, 4096×16384 128 + 44 B spilled → 128, 1048576×256 126 → 124;
 # "block": 128, 128, 128 + 44 B, 120. Forty-second session (H200, bf16, from JAX, kernels timed, alternating processes;
-# probes_h200_2026-11-28_fortysecond.md §3), fused add TB/s, prefetched → "use" / "block": 8192×512 2.16 → 2.54 /
-# 2.60, 524288×512 4.09 → 4.24 / 4.13, 32768×4096 4.27 → 4.21 / 4.27; the plain backward unchanged.
+# probes_h200_2026-11-28_fortysecond.md §4), fused add TB/s, prefetched → "use" / "block": 4096×16384 3.10 → 3.89 / –,
+# 32768×16384 3.30 → 4.16 / –, 8192×512 2.16 → 2.54 / 2.60, 65536×512 3.61 → 3.77 / –, 524288×512 4.09 → 4.24 /
+# 4.13; left out: 32768×4096 4.27 → 4.21 / 4.27, 1048576×256 4.00 → 3.91 / –. The plain backward unchanged.
 DH_LOAD: dict[int, str] = {512: "use", 16384: "use"}
