@@ -183,6 +183,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     dh_at = DH_LOAD.get(config.block_cols) if dh_ref is not None and need_dx and config.resident(n) else None
     if dh_at not in (None, "block", "use"):
         raise ValueError(f"DH_LOAD[{config.block_cols}] must be 'block' or 'use', got {dh_at!r}")
+    dh_ahead = dh_ref is not None and need_dx and dh_at is None  # dh_out fetched with x and dy
 
     def fetch(t):
         """Row block ``t`` of this program: raw x and dy tiles per span, rstd, [dh_out tiles] (blocks past the last
@@ -193,7 +194,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             return tuple(_tile(ref, rows, rmask, c, cm, dtype=None) for c, cm in spans)
 
         fetched = (tiles(x_ref), tiles(dy_ref), backend.load(rstd_ref.at[rows], rmask))
-        return fetched + (tiles(dh_ref),) if dh_ref is not None and need_dx and dh_at is None else fetched
+        return fetched + (tiles(dh_ref),) if dh_ahead else fetched
 
     per_row = config.resident(n) and br > 1 and config.block_cols in DW_PER_ROW
 
@@ -207,7 +208,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         x32, dy32 = ([a.astype(F32) for a in tiles[i]] for i in (0, 1))
         rstd = tiles[2][:, None]
         dh = ([_dh_tile(dh_ref, rows, rmask, c, cm) for c, cm in spans] if dh_at == "block" else
-              tiles[3] if dh_ref is not None and dh_at is None else None)
+              tiles[3] if dh_ahead else None)
         if need_dw and config.reload_weight:  # before the row's sum: dy is not live across it (the same bits)
             dw_acc = dweight_terms(dw_acc, x32, dy32, rstd)
         if need_dx:

@@ -55,8 +55,8 @@ def ffi_xla_tile(m: int, n: int) -> bool:
     """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` columns is launched by jaxlib's Triton
     call on its XLA tile: ``FWD_FFI_FEW_ROWS`` (full rows of those padded lengths, at most that many rows per SM) or
     ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names), where ``triton_ffi.available()``."""
-    n_pad, per_sm = next_pow2(n), FWD_FFI_FEW_ROWS.get(next_pow2(n))
-    few = per_sm is not None and full_row(n) and m <= per_sm * backend.num_sms()
+    n_pad = next_pow2(n)
+    few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
     return (few or n_pad in FWD_FFI_ALL_ROWS.get(backend.gpu_model(), ())) and _available()
 
 
