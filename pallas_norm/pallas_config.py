@@ -15,7 +15,7 @@ from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, 
                          BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS,
                          two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
-                          FWD_ELEMS_PER_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
+                          FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
 # Rows whose padded length is at most this many elements stay in registers (one load, one store per element);
 # longer rows are walked in column chunks by a persistent grid.
@@ -58,6 +58,14 @@ def ffi_xla_tile(m: int, n: int) -> bool:
     n_pad = next_pow2(n)
     few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
     return (few or n_pad in FWD_FFI_ALL_ROWS.get(backend.gpu_model(), ())) and _available()
+
+
+def one_warp_forward(m: int, n: int, itemsize: int = 2) -> bool:
+    """Whether the resident forward (plain and fused add alike) of ``m`` rows of ``n`` ``itemsize``-byte columns runs
+    a row per one-warp program: ``FWD_ONE_WARP`` (16-bit rows of those widths, from that many rows per SM, on the GPU
+    model it names)."""
+    least = FWD_ONE_WARP.get(backend.gpu_model(), {}).get(n) if itemsize == 2 else None
+    return least is not None and m >= least * backend.num_sms()
 
 
 def ffi_backward(n: int, m: int | None = None) -> bool:
@@ -176,8 +184,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables (``tile_tables``,
     ``ffi_tables``, ``band_tables``); ``fused``: the fused add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the
     plain backward may take ``BWD_FFI_PIECES_PLAIN``);
-    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile; the resident
-    forward's L1 hints follow ``l1_hints.resident``."""
+    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile
+    (``itemsize`` also ``FWD_ONE_WARP``'s); the resident forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
     if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype, m,
                                                                  backend.num_sms())):  # a row per program
@@ -204,6 +212,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         else:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
+        if one_warp_forward(m, n, itemsize):
+            block_rows, warps = 1, 1
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_xla_tile(m, n), l1_hints=hints), m, n,
                    backward=False)
     pieces, ffi = n in BWD_PIECES, held or ffi_backward(n, m)

@@ -36,6 +36,18 @@ FWD_RESIDENT = {64: (32, 4), 128: (16, 4), 256: (8, 4),
 # fused forward keeps 8 warps against the plain's 32 (the plain's tile would cost it 8%, the reverse the plain 3%),
 # and its y agrees with rms_norm(h) to the accuracy rule only (docs/jax.md says so).
 FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 16384: (1, 8)}
+# Forward (plain and fused add: the same warps, so the fused add's y and rstd stay rms_norm(h)'s bits), rows of these
+# exact widths on the GPU model named, from this many rows per SM: one row per one-warp program (its row sum in
+# shuffles, no shared memory, so XLA's launch leaves it the driver's carveout; offline for sm_90 168 registers, 12
+# programs per SM). Forty-third session (H200, bf16 llama, impl=None from JAX and torch's launch route, alternating
+# processes, two rounds; bench/results/probes_h200_2026-11-28_fortythird.md §3), today's tile ((2, 16), the fused
+# add (1, 16)) → one warp, plain / fused add TB/s: from JAX 32768×3584 3.94 / 4.19 → 4.22 / 4.28, 16384×3584 3.87 /
+# 4.16 → 4.08 / 4.22; by torch 32768×3584 3.93 / 4.32 → 4.21 / 4.28, 16384×3584 3.85 / 4.28 → 4.08 / 4.21. Below
+# the bound (between 62 and 124 rows per SM, untimed in between): 8192×3584 JAX 3.74 / 4.07 → 3.85 / 4.09, torch 3.70
+# / 4.21 → 3.86 / 4.10; 4096×3584 JAX 3.50 / 3.92 → 3.43 / 3.89. Not taken: 2304 (from JAX +2.5% / +3% at 32768
+# rows, but torch's plain −1.7%: its launch already runs XLA's binary at the driver's carveout) and 4096 (the fused
+# add −4% from JAX, −7% by torch).
+FWD_ONE_WARP = {"h200": {3584: 96}}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked
 # off), the warps following. H100, bf16, kernels timed from JAX (2026-11-25, twelfth session,
