@@ -12,8 +12,8 @@ import dataclasses
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
-                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_TWO_PASS,
-                         two_pass_tile)
+                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL,
+                         FWD_FFI_TWO_PASS, two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -47,7 +47,8 @@ def full_row(n: int) -> bool:
 
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
-    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``)."""
+    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``;
+    their tiles ``FWD_FFI_RESIDENT_BY_MODEL``'s on the GPU model it names)."""
     return _ffi(n, FWD_FFI_RESIDENT)
 
 
@@ -193,7 +194,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):
-        block_rows, warps = FWD_FFI_RESIDENT[n_pad]
+        block_rows, warps = {**FWD_FFI_RESIDENT, **FWD_FFI_RESIDENT_BY_MODEL.get(backend.gpu_model(), {})}[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)

@@ -91,6 +91,21 @@ def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_ro
     assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
 
 
+def test_h200_holds_rows_of_8192_on_8_warps(monkeypatch):
+    """``FWD_FFI_RESIDENT_BY_MODEL``: on an H200 the jaxlib-launched forward of full rows padded to 8192 runs 8 warps
+    (the H100's table 16), the plain forward and the fused add's alike (a row's sum is reduced in an order set by the
+    warps); 16384 and 32768 keep the H100's tiles."""
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = [(m, n, f) for m in (4096, 32768) for n in (7000, 8192, 16384, 32768) for f in (False, True)]
+    h100 = {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2]) for s in shapes}
+    assert {c.num_warps for (_, n, _), c in h100.items() if n <= 8192} == {16}
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    for (m, n, fused), config in h100.items():
+        h200 = pallas_config.heuristic(m, n, backward=False, fused=fused)
+        assert h200 == (dataclasses.replace(config, num_warps=8) if n <= 8192 else config), (m, n, fused)
+        assert h200.ffi_launch
+
+
 def test_the_per_model_table_is_keyed_by_the_device_name_s_slug(monkeypatch):
     """``backend.gpu_model()`` is ``model_slug`` of the device kind JAX reports ("" off a GPU), and the H200 table's
     key is what an H200 reports ("NVIDIA H200", as nvidia-smi and JAX name it): a key spelt otherwise never
@@ -100,6 +115,7 @@ def test_the_per_model_table_is_keyed_by_the_device_name_s_slug(monkeypatch):
     assert backend.gpu_model() == (backend.model_slug(device.device_kind) if device.platform == "gpu" else "")
     assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_FFI_ALL_ROWS
     assert backend.model_slug("NVIDIA H100 80GB HBM3") not in pallas_config.FWD_FFI_ALL_ROWS
+    assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_FFI_RESIDENT_BY_MODEL
 
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
