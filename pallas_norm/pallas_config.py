@@ -12,8 +12,8 @@ import dataclasses
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
-                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL,
-                         FWD_FFI_TWO_PASS, two_pass_tile)
+                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT,
+                         FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS, two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 

@@ -1,7 +1,7 @@
 """The Pallas kernels' resident and chunked tiles by row length (forward, the fused add's forward, the backward, rows
-held as pieces), with the H100 measurements behind them. ``pallas_config.heuristic`` reads them and re-exports them
-(``pallas_config.BWD_RESIDENT`` is this module's); ``ffi_tables`` and ``band_tables`` hold the jaxlib-launched and the
-column-band tables beside them.
+held as pieces), with the H100 measurements behind them (the H200's where a table names that model).
+``pallas_config.heuristic`` reads them and re-exports them (``pallas_config.BWD_RESIDENT`` is this module's);
+``ffi_tables`` and ``band_tables`` hold the jaxlib-launched and the column-band tables beside them.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 163
 # shuffles, no shared memory, so XLA's launch leaves it the driver's carveout; offline for sm_90 168 registers, 12
 # programs per SM). Forty-third session (H200, bf16 llama, impl=None from JAX and torch's launch route, alternating
 # processes, two rounds; bench/results/probes_h200_2026-11-28_fortythird.md §3), today's tile ((2, 16), the fused
-# add (1, 16)) → one warp, plain / fused add TB/s: from JAX 32768×3584 3.94 / 4.19 → 4.22 / 4.28, 16384×3584 3.87 /
+# add (1, 16)) → one warp, plain / fused add TB/s: from JAX 32768×3584 3.94 / 4.19 → 4.21 / 4.28, 16384×3584 3.87 /
 # 4.16 → 4.08 / 4.22; by torch 32768×3584 3.93 / 4.32 → 4.21 / 4.28, 16384×3584 3.85 / 4.28 → 4.08 / 4.21. Below
 # the bound (between 62 and 124 rows per SM, untimed in between): 8192×3584 JAX 3.74 / 4.07 → 3.85 / 4.09, torch 3.70
-# / 4.21 → 3.86 / 4.10; 4096×3584 JAX 3.50 / 3.92 → 3.43 / 3.89. Not taken: 2304 (from JAX +2.5% / +3% at 32768
-# rows, but torch's plain −1.7%: its launch already runs XLA's binary at the driver's carveout) and 4096 (the fused
+# / 4.21 → 3.86 / 4.10; 4096×3584 JAX 3.50 / 3.92 → 3.43 / 3.89. Not taken: 2304 (from JAX +2.4% / +3% at 32768
+# rows, but torch's plain −1.6%: its launch already runs XLA's binary at the driver's carveout) and 4096 (the fused
 # add −4% from JAX, −7% by torch).
 FWD_ONE_WARP = {"h200": {3584: 96}}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
