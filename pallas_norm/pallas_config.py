@@ -45,6 +45,11 @@ def full_row(n: int) -> bool:
     return n > PADDED_FILL * next_pow2(n)
 
 
+def _this_model(table: dict) -> dict | frozenset:
+    """A per-model table's entry for this GPU's model (``backend.gpu_model()``); empty where it names none."""
+    return table.get(backend.gpu_model(), {})
+
+
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``;
@@ -58,14 +63,14 @@ def ffi_xla_tile(m: int, n: int) -> bool:
     ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names), where ``triton_ffi.available()``."""
     n_pad = next_pow2(n)
     few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
-    return (few or n_pad in FWD_FFI_ALL_ROWS.get(backend.gpu_model(), ())) and _available()
+    return (few or n_pad in _this_model(FWD_FFI_ALL_ROWS)) and _available()
 
 
 def one_warp_forward(m: int, n: int, itemsize: int = 2) -> bool:
     """Whether the resident forward (plain and fused add alike) of ``m`` rows of ``n`` ``itemsize``-byte columns runs
     a row per one-warp program: ``FWD_ONE_WARP`` (16-bit rows of those widths, from that many rows per SM, on the GPU
     model it names)."""
-    least = FWD_ONE_WARP.get(backend.gpu_model(), {}).get(n) if itemsize == 2 else None
+    least = _this_model(FWD_ONE_WARP).get(n) if itemsize == 2 else None
     return least is not None and m >= least * backend.num_sms()
 
 
@@ -194,7 +199,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):
-        block_rows, warps = {**FWD_FFI_RESIDENT, **FWD_FFI_RESIDENT_BY_MODEL.get(backend.gpu_model(), {})}[n_pad]
+        block_rows, warps = _this_model(FWD_FFI_RESIDENT_BY_MODEL).get(n_pad) or FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
