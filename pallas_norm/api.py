@@ -140,8 +140,9 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None, h_dtype=None):
     """One forward launch on 2-D ``x2`` by ``impl`` (the XLA path, the Pallas kernels or the Mosaic kernels)."""
     m, n = x2.shape
+    dt = jnp.dtype(h_dtype or x2.dtype)  # the rows normalised: the fused add's tile is rms_norm(h)'s (its y's bits)
     if impl == "auto":
-        impl = auto.lowering(False, n, config)
+        impl = auto.lowering(False, n, config, itemsize=dt.itemsize)
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
         return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)
@@ -151,7 +152,6 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    dt = jnp.dtype(h_dtype or x2.dtype)  # the rows normalised: the fused add's tile is rms_norm(h)'s (its y's bits)
     low = kernels.product_in_dtype(None if weight is None else weight.dtype, dt, casting, offset)
     config = pallas_config.fit(config, m, n, backward=False, fused=residual is not None, itemsize=dt.itemsize,
                                product_in_dtype=low)

@@ -90,13 +90,23 @@ up to ``HELD_BWD_MAX_ROWS_PER_SM`` per SM. H100, ``bench kernels``, two processe
 2.77 (main kernel 146 → 142 µs), fp16 2.72 → 2.78, bf16 gemma 2.74 → 2.75; the fused add's backward level (2.81 /
 2.82). At 32768 rows (248 per SM) the two are level (±0.5%) and Mosaic GPU's fused add leads by 0.5%, so it stays
 there; in between untimed.
+
+Forty-fourth session, on the H200 (``TRITON_BWD_BY_MODEL``): the backward of 16-bit rows of 16384 to 131072 columns
+takes the Triton lowering at every row count, held whole at 16384 (jaxlib's launch), column bands beyond. From JAX,
+bf16 llama, kernels timed, two rounds in one process (``bench/results/probes_h200_2026-11-28_fortyfourth.md`` §4),
+Mosaic GPU → Triton lowering, plain / fused add TB/s: 8192×16384 3.46 / 3.73 → 3.94 / 4.03, 16384×16384 3.58 / 3.82
+→ 4.05 / 4.12, 32768×16384 3.63 / 3.86 → 4.09 / 4.17, 8192×32768 3.27 / 2.74 → 3.29 / 3.32, 4096×65536 3.27 / 2.86
+→ 3.28 / 3.34, 2048×131072 3.08 / 2.45 → 3.39 / 3.37. So does the forward of 16-bit rows of 65536 and 131072
+columns (``TRITON_FWD_BY_MODEL``; column bands), the same way (§5): 8192×65536 3.54 / 2.76 → 3.71 / 3.26, 4096×65536
+3.47 / 2.82 → 3.70 / 3.27, 2048×131072 3.18 / 2.69 → 3.70 / 3.27 (32768 is jaxlib-launched already). The H100 keeps
+the rules above.
 """
 
 from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import ffi_backward, ffi_forward, ffi_held, full_row, one_program
+from .pallas_config import MAX_RESIDENT_COLS, ffi_backward, ffi_forward, ffi_held, full_row, one_program, this_model
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
@@ -104,6 +114,11 @@ TRITON_BWD_PIECES = frozenset({2304})  # and rows of these widths (held as their
 MOSAIC_FWD_COLS = (16384, 131072)  # the forward runs on Mosaic GPU for lo < N <= hi
 MOSAIC_ALIGN = 128
 HELD_BWD_MAX_ROWS_PER_SM = 32  # the held 16384-column backward (pallas_config.ffi_held) up to this many rows per SM
+# Per GPU model: the backward of 16-bit rows of these widths on the Triton lowering at every row count (held whole
+# where pallas_config.ffi_held, column bands beyond MAX_RESIDENT_COLS).
+TRITON_BWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({16384, 32768, 65536, 131072})}
+# Per GPU model: the forward (plain and fused add) of 16-bit rows of these widths on the Triton lowering (column bands).
+TRITON_FWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({65536, 131072})}
 
 
 def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None,
@@ -112,7 +127,8 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
     columns. A backward of at most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs
     it as one launch (one program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such
     calls are host-bound. So does a backward the Triton lowering holds whole (``ffi_held``) of at most
-    ``HELD_BWD_MAX_ROWS_PER_SM`` rows per SM."""
+    ``HELD_BWD_MAX_ROWS_PER_SM`` rows per SM, and on the GPU model ``TRITON_BWD_BY_MODEL`` (``TRITON_FWD_BY_MODEL``)
+    names, the backward (forward) of 16-bit rows of its widths at every row count."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
@@ -121,11 +137,13 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         return "pallas"
     if backward:
         lo, hi = MOSAIC_BWD_COLS
-        triton = (n <= TRITON_BWD_COLS and full_row(n)) or n in TRITON_BWD_PIECES or ffi_backward(n) or (
-            m is not None and itemsize is not None and m <= HELD_BWD_MAX_ROWS_PER_SM * backend.num_sms()
-            and ffi_held(m, n, itemsize))
+        held = m is not None and itemsize is not None and ffi_held(m, n, itemsize)
+        wide = itemsize == 2 and n in this_model(TRITON_BWD_BY_MODEL) and (held or n > MAX_RESIDENT_COLS)
+        triton = (n <= TRITON_BWD_COLS and full_row(n)) or n in TRITON_BWD_PIECES or ffi_backward(n) or wide or (
+            held and m <= HELD_BWD_MAX_ROWS_PER_SM * backend.num_sms())
         mosaic = lo <= n <= hi and not triton
     else:
         lo, hi = MOSAIC_FWD_COLS
-        mosaic = lo < n <= hi and not ffi_forward(n)
+        wide = itemsize == 2 and n in this_model(TRITON_FWD_BY_MODEL)
+        mosaic = lo < n <= hi and not ffi_forward(n) and not wide
     return "mosaic" if mosaic else "pallas"

@@ -134,3 +134,11 @@ BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
 # prefetching up to 32 rows per program 2.17 → 2.34, 2.48 → 2.60, 2.69 → 2.78 (at 62, 32768 rows: 2.81 → 2.73).
 # The fused add's backward, with dh_out a third row in flight, loses 3-13% either way.
 BWD_FFI_PIECES_PLAIN = {2304: (4, True, 32), 5120: (4, True, None)}
+# BWD_FFI_PIECES_PLAIN's entries on the GPU model named, where they differ. Forty-fourth session (H200, bf16 llama,
+# from JAX, kernels timed, two rounds in one process; bench/results/probes_h200_2026-11-28_fortyfourth.md §3): 2304
+# and 2560 prefetching at every row count, plain TB/s on 4 warps, without → with: 32768×2304 3.53 → 3.98,
+# 65536×2304 3.64 → 4.09 (8 warps 3.99, 4.12); 4096×2560 2.78 → 3.10, 8192×2560 3.22 → 3.56, 16384×2560 3.53 →
+# 3.90, 32768×2560 3.71 → 4.09 (8 warps 2.82-3.82). At 4096-16384 rows of 2304 (up to 32 per program) both tables
+# prefetch already (3.01, 3.45, 3.78; without 2.68, 3.08, 3.37). The fused add's backward keeps BWD_FFI_PIECES'
+# tile: prefetching cost it 4-9%.
+BWD_FFI_PIECES_PLAIN_BY_MODEL = {"h200": {2304: (4, True, None), 2560: (4, True, None)}}

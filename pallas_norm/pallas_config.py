@@ -12,8 +12,8 @@ import dataclasses
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
-                         BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS, FWD_FFI_RESIDENT,
-                         FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS, two_pass_tile)
+                         BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS,
+                         FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS, two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -45,7 +45,7 @@ def full_row(n: int) -> bool:
     return n > PADDED_FILL * next_pow2(n)
 
 
-def _this_model(table: dict) -> dict | frozenset:
+def this_model(table: dict) -> dict | frozenset:
     """A per-model table's entry for this GPU's model (``backend.gpu_model()``); empty where it names none."""
     return table.get(backend.gpu_model(), {})
 
@@ -63,14 +63,14 @@ def ffi_xla_tile(m: int, n: int) -> bool:
     ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names), where ``triton_ffi.available()``."""
     n_pad = next_pow2(n)
     few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
-    return (few or n_pad in _this_model(FWD_FFI_ALL_ROWS)) and _available()
+    return (few or n_pad in this_model(FWD_FFI_ALL_ROWS)) and _available()
 
 
 def one_warp_forward(m: int, n: int, itemsize: int = 2) -> bool:
     """Whether the resident forward (plain and fused add alike) of ``m`` rows of ``n`` ``itemsize``-byte columns runs
     a row per one-warp program: ``FWD_ONE_WARP`` (16-bit rows of those widths, from that many rows per SM, on the GPU
     model it names)."""
-    least = _this_model(FWD_ONE_WARP).get(n) if itemsize == 2 else None
+    least = this_model(FWD_ONE_WARP).get(n) if itemsize == 2 else None
     return least is not None and m >= least * backend.num_sms()
 
 
@@ -189,8 +189,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
               product_in_dtype: bool = True) -> Config:
     """The default config for an ``(m, n)`` forward (or ``backward``), from the tables (``tile_tables``,
     ``ffi_tables``, ``band_tables``); ``fused``: the fused add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the
-    plain backward may take ``BWD_FFI_PIECES_PLAIN``);
-    ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile
+    plain backward may take ``BWD_FFI_PIECES_PLAIN``'s tile, ``BWD_FFI_PIECES_PLAIN_BY_MODEL``'s on the GPU model it
+    names); ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile
     (``itemsize`` also ``FWD_ONE_WARP``'s); the resident forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
     if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype, m,
@@ -199,7 +199,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):
-        block_rows, warps = _this_model(FWD_FFI_RESIDENT_BY_MODEL).get(n_pad) or FWD_FFI_RESIDENT[n_pad]
+        block_rows, warps = this_model(FWD_FFI_RESIDENT_BY_MODEL).get(n_pad) or FWD_FFI_RESIDENT[n_pad]
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
@@ -231,8 +231,9 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     if not pieces:  # as many programs as keep the most row blocks per program (BWD_RESIDENT's note)
         programs = balanced(programs, cdiv(max(m, 1), block_rows))
-    if pieces and ffi and not fused and n in BWD_FFI_PIECES_PLAIN:
-        plain_warps, plain_prefetch, most = BWD_FFI_PIECES_PLAIN[n]
+    plain = this_model(BWD_FFI_PIECES_PLAIN_BY_MODEL).get(n) or BWD_FFI_PIECES_PLAIN.get(n)
+    if pieces and ffi and not fused and plain:
+        plain_warps, plain_prefetch, most = plain
         if most is None or cdiv(max(m, 1), programs) <= most:
             warps, prefetch = plain_warps, plain_prefetch
     return fit(Config(block_rows, n_pad, warps, programs=programs, prefetch=prefetch, reload_weight=reload_weight,

@@ -27,7 +27,8 @@ SHAPES = [
         ((64, 20000), torch.float32, "gemma", 1.0, None),
         ((1024, 262144), torch.bfloat16, "llama", 0.0, None),
         ((3, 65537), torch.bfloat16, "none", 0.0, None),
-        ((8192, 32768), torch.bfloat16, "llama", 0.0, None),  # on Hopper: Mosaic modules on clusters, both ways
+        ((8192, 32768), torch.bfloat16, "llama", 0.0, None),  # H100: Mosaic modules on clusters, both ways (H200:
+        # the backward on column bands, auto.TRITON_BWD_BY_MODEL)
         ((2048, 65536), torch.bfloat16, "gemma", 1.0, None),
 ]
 

@@ -116,6 +116,7 @@ def test_the_per_model_table_is_keyed_by_the_device_name_s_slug(monkeypatch):
     assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_FFI_ALL_ROWS
     assert backend.model_slug("NVIDIA H100 80GB HBM3") not in pallas_config.FWD_FFI_ALL_ROWS
     assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_FFI_RESIDENT_BY_MODEL
+    assert backend.model_slug("NVIDIA H200") in pallas_config.BWD_FFI_PIECES_PLAIN_BY_MODEL
 
 
 def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
@@ -153,7 +154,8 @@ def test_backward_takes_the_ffi_launch_at_the_table_s_full_rows(monkeypatch):
 def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
     """``impl=None``'s backward of 16-bit rows of 16384 leaves Mosaic GPU for the held tile (``pallas_config.ffi_held``)
     up to ``auto.HELD_BWD_MAX_ROWS_PER_SM`` rows per SM: not beyond, not for float32 rows (column bands), not where
-    the row width or jaxlib's launch is missing; the API hands ``lowering`` the rows' itemsize. Broken variant: the
+    the row width or jaxlib's launch is missing; the API hands ``lowering`` the rows' itemsize (the forward's too).
+    Broken variant: the
     bound at 0 keeps Mosaic GPU at 4096 rows."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
@@ -174,7 +176,32 @@ def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
     monkeypatch.setattr(auto, "lowering", record)
     x, w, dy = jax_inputs((4, 256), jnp.bfloat16, seed=5)
     jax.vjp(lambda a, b: pn.rms_norm(a, b), x, w)[1](dy)
-    assert (True, 2) in seen
+    assert {(True, 2), (False, 2)} <= set(seen)
+
+
+def test_h200_backward_of_wide_16_bit_rows_takes_the_triton_lowering(monkeypatch):
+    """``auto.TRITON_BWD_BY_MODEL``: on an H200 ``impl=None``'s backward of 16-bit rows of 16384-131072 columns takes
+    the Triton lowering at every row count (16384 held whole where jaxlib launches it, else Mosaic GPU; column bands
+    beyond), and (``TRITON_FWD_BY_MODEL``) its forward at 65536 and 131072; float32 rows and unlisted widths keep
+    Mosaic GPU. Broken variant: the H100's rules (``gpu_model() == ""``), which keep Mosaic GPU from 33 rows per SM
+    of 16384 and at every row count beyond, and for those forwards."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    cases = [(m, n) for m in (8192, 32768) for n in (16384, 32768, 65536, 131072)]
+    h100 = {c: auto.lowering(True, c[1], m=c[0], itemsize=2) for c in cases}
+    assert set(h100.values()) == {"mosaic"}
+    assert [auto.lowering(False, n, itemsize=2) for n in (32768, 65536, 131072)] == ["pallas", "mosaic", "mosaic"]
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    assert [auto.lowering(False, n, itemsize=2) for n in (32768, 65536, 131072)] == ["pallas"] * 3
+    assert [auto.lowering(False, n, itemsize=k) for n, k in ((65536, 4), (65536, None), (24576, 2))] == [
+        "mosaic"] * 3
+    assert {c: auto.lowering(True, c[1], m=c[0], itemsize=2) for c in cases} == dict.fromkeys(cases, "pallas")
+    assert [auto.lowering(True, n, m=32768, itemsize=4) for n in (16384, 32768)] == ["mosaic", "mosaic"]
+    assert auto.lowering(True, 24576, m=32768, itemsize=2) == "mosaic"
+    assert auto.lowering(True, 32768, m=32768, itemsize=2) == auto.lowering(True, 32768, m=1, itemsize=2)
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    assert [auto.lowering(True, n, m=32768, itemsize=2) for n in (16384, 32768)] == ["mosaic", "pallas"]
 
 
 def test_register_cap_lets_the_persistent_grid_fit(monkeypatch):

@@ -139,7 +139,8 @@ def test_pallas_bits_are_the_unfused_norm_s_and_jax_s(impl):
                                   ("jax", DEFAULT_KERNEL)], ids=lambda i: f"{i[0]}-{i[1]}")
 def test_gpu_long_rows(impl):
     """Rows of 32768 (the Triton reference's forward holds them in registers, 64 elements per thread; the default
-    lowerings run Mosaic GPU's clusters) and 131072 (column chunks; Mosaic's one-stage forward)."""
+    lowerings run Mosaic GPU's clusters on an H100, column bands on an H200) and 131072 (column chunks; Mosaic's
+    one-stage forward on an H100)."""
     for shape, dtype, h_dtype in (((512, 32768), "bfloat16", "float32"), ((64, 131072), "float16", "float16")):
         a = fused_inputs(shape, dtype, h_dtype, 0.0, seed=shape[1])
         assert not failures(a, run(impl, a))

@@ -125,6 +125,29 @@ def test_plain_backward_takes_its_own_tile_on_the_fused_add_s_grid(monkeypatch):
     assert not np.array_equal(np.asarray(other), np.asarray(fused))
 
 
+def test_h200_plain_backward_of_2304_prefetches_at_every_row_count(monkeypatch):
+    """``BWD_FFI_PIECES_PLAIN_BY_MODEL``: on an H200 ``rms_norm``'s backward of rows of 2304 and 2560 prefetches
+    however many rows each program takes (the H100's table stops at 32 rows of 2304 and never prefetches 2560), on
+    the fused add's grid, whose tile stays unprefetched; 5120 keeps the H100's tile. Broken variant: the H100's
+    table."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = [(m, n) for m in (4096, 16897, 32768, 65536) for n in (2304, 2560, 5120)]
+
+    def tiles() -> dict:
+        configs = {s: [pallas_config.heuristic(*s, backward=True, fused=f) for f in (False, True)] for s in shapes}
+        assert all(_shares_grid(*pair) for pair in configs.values())
+        return {s: tuple((c.num_warps, c.prefetch) for c in pair) for s, pair in configs.items()}
+
+    h100 = tiles()
+    assert h100[(32768, 2304)] == ((4, False), (4, False))
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    h200 = tiles()
+    assert {s for s in shapes if h200[s] != h100[s]} == {(16897, 2304), (32768, 2304), (65536, 2304)} | {
+        (m, 2560) for m in (4096, 16897, 32768, 65536)}
+    assert {h200[(m, n)] for m in (4096, 16897, 32768, 65536) for n in (2304, 2560)} == {((4, True), (4, False))}
+
+
 def test_pieces_only_tile_the_resident_backward():
     """A config asking for pieces where they do not apply (the forward; a backward walking column chunks) is refused
     with the reason, not ignored."""
@@ -141,10 +164,12 @@ def test_pieces_only_tile_the_resident_backward():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,casting,offset", [(4096, 2304, "llama", 0.0), (1000, 5120, "gemma", 1.0),
-                                                (4099, 2560, "none", 0.0), (8, 2304, "llama", 0.0)])
+                                                (4099, 2560, "none", 0.0), (8, 2304, "llama", 0.0),
+                                                (33000, 2304, "gemma", 1.0), (5000, 2560, "llama", 0.0)])
 def test_gpu_pieces(m, n, casting, offset):
-    """The compiled heuristic (pieces at these widths, one program at 8 rows) against the float64 reference; dweight
-    the same bits over repeated calls and the fused add's the same as ``rms_norm(h)``'s."""
+    """The compiled heuristic (pieces at these widths, one program at 8 rows; at 33000 rows of 2304 and 5000 of 2560
+    an H200's plain backward prefetches and the fused add's does not) against the float64 reference; dweight the same bits over
+    repeated calls and the fused add's the same as ``rms_norm(h)``'s."""
     assert pallas_config.heuristic(m, n, backward=True).pieces
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, offset, seed=m + n, weight_dtype=jnp.float32)
     check_jax(x, w, dy, KERNEL, offset=offset, casting=casting)
