@@ -155,8 +155,7 @@ def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
     """``impl=None``'s backward of 16-bit rows of 16384 leaves Mosaic GPU for the held tile (``pallas_config.ffi_held``)
     up to ``auto.HELD_BWD_MAX_ROWS_PER_SM`` rows per SM: not beyond, not for float32 rows (column bands), not where
     the row width or jaxlib's launch is missing; the API hands ``lowering`` the rows' itemsize (the forward's too).
-    Broken variant: the
-    bound at 0 keeps Mosaic GPU at 4096 rows."""
+    Broken variant: the bound at 0 keeps Mosaic GPU at 4096 rows."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)

@@ -125,7 +125,7 @@ def test_plain_backward_takes_its_own_tile_on_the_fused_add_s_grid(monkeypatch):
     assert not np.array_equal(np.asarray(other), np.asarray(fused))
 
 
-def test_h200_plain_backward_of_2304_prefetches_at_every_row_count(monkeypatch):
+def test_h200_plain_backward_of_2304_and_2560_prefetches_at_every_row_count(monkeypatch):
     """``BWD_FFI_PIECES_PLAIN_BY_MODEL``: on an H200 ``rms_norm``'s backward of rows of 2304 and 2560 prefetches
     however many rows each program takes (the H100's table stops at 32 rows of 2304 and never prefetches 2560), on
     the fused add's grid, whose tile stays unprefetched; 5120 keeps the H100's tile. Broken variant: the H100's
@@ -165,7 +165,8 @@ def test_pieces_only_tile_the_resident_backward():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,casting,offset", [(4096, 2304, "llama", 0.0), (1000, 5120, "gemma", 1.0),
                                                 (4099, 2560, "none", 0.0), (8, 2304, "llama", 0.0),
-                                                (33000, 2304, "gemma", 1.0), (5000, 2560, "llama", 0.0)])
+                                                (33000, 2304, "gemma", 1.0),
+                                                (5000, 2560, "llama", 0.0)])
 def test_gpu_pieces(m, n, casting, offset):
     """The compiled heuristic (pieces at these widths, one program at 8 rows; at 33000 rows of 2304 and 5000 of 2560
     an H200's plain backward prefetches and the fused add's does not) against the float64 reference; dweight the same bits over
