@@ -169,8 +169,8 @@ def test_pieces_only_tile_the_resident_backward():
                                                 (5000, 2560, "llama", 0.0)])
 def test_gpu_pieces(m, n, casting, offset):
     """The compiled heuristic (pieces at these widths, one program at 8 rows; at 33000 rows of 2304 and 5000 of 2560
-    an H200's plain backward prefetches and the fused add's does not) against the float64 reference; dweight the same bits over
-    repeated calls and the fused add's the same as ``rms_norm(h)``'s."""
+    an H200's plain backward prefetches and the fused add's does not) against the float64 reference; dweight the
+    same bits over repeated calls and the fused add's the same as ``rms_norm(h)``'s."""
     assert pallas_config.heuristic(m, n, backward=True).pieces
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, offset, seed=m + n, weight_dtype=jnp.float32)
     check_jax(x, w, dy, KERNEL, offset=offset, casting=casting)
