@@ -50,6 +50,12 @@ def this_model(table: dict) -> dict | frozenset:
     return table.get(backend.gpu_model(), {})
 
 
+def model_entry(by_model: dict, table: dict, key: int):
+    """``table[key]`` unless ``by_model`` (a per-model table of the same entries) names another for this GPU's model
+    (``this_model``); None where neither holds ``key``."""
+    return this_model(by_model).get(key, table.get(key))
+
+
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``;
@@ -199,7 +205,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     if not backward and ffi_forward(n):
-        block_rows, warps = this_model(FWD_FFI_RESIDENT_BY_MODEL).get(n_pad) or FWD_FFI_RESIDENT[n_pad]
+        block_rows, warps = model_entry(FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_RESIDENT, n_pad)
         return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
@@ -231,7 +237,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     programs = 1 if one_program(m, n) else _grid(per_sm, 1, True)
     if not pieces:  # as many programs as keep the most row blocks per program (BWD_RESIDENT's note)
         programs = balanced(programs, cdiv(max(m, 1), block_rows))
-    plain = this_model(BWD_FFI_PIECES_PLAIN_BY_MODEL).get(n) or BWD_FFI_PIECES_PLAIN.get(n)
+    plain = model_entry(BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_PIECES_PLAIN, n)
     if pieces and ffi and not fused and plain:
         plain_warps, plain_prefetch, most = plain
         if most is None or cdiv(max(m, 1), programs) <= most:
