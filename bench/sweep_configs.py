@@ -108,7 +108,7 @@ def mosaic_configs(m: int, n: int, itemsize: int, backward: bool,
     heuristic's) for the backward of rows one CTA holds; cluster size × co-resident CTAs × stages for long rows; the
     heuristic's with the row held in registers and without. Configs that ``fit`` shrinks to the same plan are timed
     once."""
-    base = mosaic_config.heuristic(m, n, backward=backward)
+    base = mosaic_config.heuristic(m, n, backward=backward, itemsize=itemsize)
     if base.direct:
         grid = [dict(block_rows=r) for r in (2, 4)] + [
             dict(direct=False, stages=s, programs_per_sm=p, block_rows=max(1, 2048 // pallas_config.next_pow2(n)))

@@ -37,14 +37,16 @@ def _kernel(body, plan: Plan, out_type, scratch, name: str, interpret: bool):
 
 
 def _plan_and_scratch(config, m: int, n: int, row_dtypes: list, weight_dtype, loaded: int, *, backward: bool,
-                      interpret: bool) -> tuple[Plan, tuple]:
+                      interpret: bool, grid_dtypes: list | None = None) -> tuple[Plan, tuple]:
     """The fitted plan, and the scratch in the order the kernels take it (``mosaic_cta.Cta``): a staging
     buffer per row dtype, ``[dw_s]`` (the backward's spilled ``dweight`` partial), ``[w_s], [part_s], bars,
-    [wbar], [cbar]``; ``loaded``: the buffers filled by TMA."""
+    [wbar], [cbar]``; ``loaded``: the buffers filled by TMA; ``grid_dtypes``: the row dtypes whose plan's grid
+    this one keeps (``mosaic_config.fit``'s ``grid_row_bytes``)."""
     plgpu = backend.mosaic()
     plan = mosaic_config.fit(config, m, n, row_bytes=sum(_itemsize(*row_dtypes)),
                              weight_bytes=0 if weight_dtype is None else jnp.dtype(weight_dtype).itemsize,
-                             widest=max(_itemsize(*row_dtypes)), backward=backward, interpret=interpret)
+                             widest=max(_itemsize(*row_dtypes)), backward=backward, interpret=interpret,
+                             grid_row_bytes=None if grid_dtypes is None else sum(_itemsize(*grid_dtypes)))
     if plan.direct:  # nothing staged
         return plan, ()
     staged_weight = weight_dtype is not None and plan.weight_in_smem
@@ -105,7 +107,8 @@ def backward(x, weight, dy, rstd, *, offset: float, casting: str, config: Mosaic
     fused = dh_out is not None and need_dx
     row_dtypes = [x.dtype, dy.dtype] + ([dh_out.dtype] if fused else [])
     plan, scratch = _plan_and_scratch(config, m, n, row_dtypes, None if weight is None else weight.dtype,
-                                      len(row_dtypes), backward=True, interpret=interpret)
+                                      len(row_dtypes), backward=True, interpret=interpret,
+                                      grid_dtypes=row_dtypes[:2] if fused else None)
     out_type = []
     if need_dx:
         out_type.append(jax.ShapeDtypeStruct((m, plan.n_pad), x.dtype))

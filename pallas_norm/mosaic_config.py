@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import backend
-from .pallas_config import cdiv, next_pow2
+from .pallas_config import cdiv, next_pow2, this_model
 
 SMEM_BYTES = 227 * 1024  # usable shared memory per CTA (and per SM) on Hopper
 SMEM_RESERVED = 4 * 1024  # barriers, the reduction scratch, the exchanged partial sums
@@ -74,7 +74,7 @@ class Plan:
     access (16 bytes of the widest staged dtype); the backward's ``dw_spill`` last columns of ``width`` keep their
     float32 ``dweight`` partial in shared memory (the first ``width - dw_spill`` in registers); ``hold`` and
     ``direct`` as in ``MosaicConfig``, resolved (a direct plan: ``programs`` CTAs of ``block_rows`` rows each,
-    ``per`` 1, nothing staged)."""
+    ``per`` 1, nothing staged); ``per_sm`` the co-resident CTAs per SM its shared memory was fitted to."""
 
     m: int
     n: int
@@ -90,6 +90,7 @@ class Plan:
     dw_spill: int = 0
     hold: bool = False
     direct: bool = False
+    per_sm: int = 1
 
     def chunks(self) -> list[tuple[int, int]]:
         """``(offset, size)`` of the register chunks walking a CTA's ``width`` columns: chunks of
@@ -120,7 +121,7 @@ def dw_spill(width: int) -> int:
 
 
 def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_bytes: int, widest: int,
-        backward: bool, interpret: bool = False) -> Plan:
+        backward: bool, interpret: bool = False, grid_row_bytes: int | None = None) -> Plan:
     """The launch plan of ``config`` (the heuristic's when None) for ``(m, n)``. ``row_bytes``: bytes per column
     of every row buffer staged (x; residual, h, y when they differ; dy, dh_out in the backward); ``widest`` the
     largest itemsize among them. Rows are padded to a multiple of ``128·cluster`` columns. Stages, then block
@@ -128,8 +129,16 @@ def fit(config: MosaicConfig | None, m: int, n: int, *, row_bytes: int, weight_b
     one row's share (with the largest cluster) does not. The backward takes, among the clusters allowed, the
     smallest whose share keeps the ``dweight`` partial in registers, else the smallest that fits with the rest
     of it in shared memory (``dw_spill``). ``interpret``: Mosaic GPU's interpreter, which runs no clusters (one
-    CTA per row) and has no register file (a partial that does not fit shared memory stays "in registers")."""
-    config = config or heuristic(m, n, backward=backward)
+    CTA per row) and has no register file (a partial that does not fit shared memory stays "in registers").
+    ``grid_row_bytes`` (the fused add's backward, which stages ``dh_out`` beside ``rms_norm``'s buffers): the
+    cluster, rows per block and CTAs per SM are those ``rms_norm``'s backward fits with buffers of this many bytes
+    per column, so each CTA sums the same rows' ``dweight`` terms (the fused add's ``dweight`` is ``rms_norm``'s
+    bits); this launch's own buffers then give up stages, then the weight's staging, until that grid fits."""
+    if grid_row_bytes is not None and grid_row_bytes != row_bytes:
+        grid = fit(config, m, n, row_bytes=grid_row_bytes, weight_bytes=weight_bytes, widest=widest,
+                   backward=backward, interpret=interpret)
+        return _restage(grid, row_bytes, weight_bytes)
+    config = config or heuristic(m, n, backward=backward, itemsize=widest)
     vec = max(1, 16 // widest)
     aligned = cdiv(max(n, 1), ALIGN) * ALIGN  # one CTA's row (no cluster)
     if directs(config, backward, aligned):
@@ -178,11 +187,24 @@ def _shrink(config, m, n, n_pad, width, cluster, vec, spill, hold, row_bytes, we
             return None
 
 
+def _restage(grid: Plan, row_bytes: int, weight_bytes: int) -> Plan:
+    """``grid``'s plan for buffers of ``row_bytes`` per column: its stages (then fewer, down to 2), then the weight
+    from L2, then one stage, the first with which its ``per_sm`` CTAs fit one SM's shared memory."""
+    steps = [(s, grid.weight_in_smem) for s in range(grid.stages, 1, -1)]
+    steps += [(min(2, grid.stages), False)] * grid.weight_in_smem + [(1, False)]
+    for stages, weight_smem in steps:
+        plan = dataclasses.replace(grid, stages=stages, weight_in_smem=weight_smem)
+        if grid.per_sm * smem_bytes(plan, row_bytes, weight_bytes) <= SMEM_BYTES:
+            return plan
+    raise Unsupported(f"the fused add's backward cannot stage {grid.per_sm} CTAs of {grid.width} columns per SM "
+                      f"(rms_norm's grid for {grid.m}×{grid.n}); pass a bwd_config with fewer programs_per_sm")
+
+
 def _plan(m, n, n_pad, width, cluster, rows, stages, per_sm, vec, weight_smem, spill, hold) -> Plan:
     blocks = cdiv(max(m, 1), rows)
     programs = max(1, min(per_sm * backend.num_sms() // cluster, blocks))
     per = cdiv(blocks, programs)
-    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem, spill, hold)
+    return Plan(m, n, n_pad, width, cluster, rows, stages, programs, per, vec, weight_smem, spill, hold, per_sm=per_sm)
 
 
 def holds(config: MosaicConfig, backward: bool, spill: int) -> bool:
@@ -258,15 +280,25 @@ LONG_ROWS = {  # (backward, n_pad): (cluster, stages, CTAs per SM, weight in sha
 # same dweight bits (tests/test_mosaic.py checks it on the GPU).
 SMALL_BLOCK_STAGES = (2560, 32)
 
+# Per GPU model: the backward of 16-bit rows of these widths (one CTA each) with these fields of the heuristic's
+# config changed. H200, bf16, from JAX, kernels timed, plain / fused add TB/s (forty-fifth session,
+# bench/results/probes_h200_2026-11-28_fortyfifth.md §2): 4 stages at 1536 (32768 rows 3.27 / 3.84 → 3.43 / 3.83,
+# 4096 rows +0.7% / +1.3%) and 3072 (32768 rows 3.67 / 4.04 → 3.93 / 4.02, 8192 rows +5.4% / +0.9%, 4096 rows +5% /
+# +0.8%); 2 CTAs per SM at 12288 (clusters of 2: 6144 columns each; 8192 rows 3.13 / 3.51 → 3.82 / 3.93, 4096 rows
+# 2.98 / 3.37 → 3.55 / 3.71), where the H100's rule of one beyond 8192 columns came from rows of 16384.
+BWD_BY_MODEL: dict[str, dict[int, dict]] = {"h200": {1536: {"stages": 4}, 3072: {"stages": 4},
+                                                     12288: {"programs_per_sm": 2}}}
 
-def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
+
+def heuristic(m: int, n: int, *, backward: bool, itemsize: int | None = None) -> MosaicConfig:
     """The default config for ``(m, n)``, from the committed sweep (``python -m bench sweep --kernels mosaic``).
 
     Rows one CTA holds (``n_pad`` ≤ 16384): the forward direct, a CTA per row (until the twentieth session staged:
     blocks of ``max(1, 2048 / n_pad)`` rows, 3 stages, 4 / 2 / 1 CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384);
     the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to 8192 columns, and a fourth
-    stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``). Longer rows: ``LONG_ROWS``, else the
-    largest cluster, 2 stages, one CTA per SM.
+    stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``); then, for 16-bit rows (``itemsize``
+    2), this GPU model's ``BWD_BY_MODEL``. Longer rows: ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA
+    per SM.
     """
     n_pad = next_pow2(n)
     if n_pad <= 16384:
@@ -275,7 +307,8 @@ def heuristic(m: int, n: int, *, backward: bool) -> MosaicConfig:
         rows, per_sm = max(1, 4096 // n_pad), 2 if n_pad <= 8192 else 1
         few = cdiv(max(m, 1), rows) <= SMALL_BLOCK_STAGES[1] * per_sm * backend.num_sms()
         stages = 4 if n > 1024 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3
-        return MosaicConfig(block_rows=rows, stages=stages, programs_per_sm=per_sm)
+        fields = this_model(BWD_BY_MODEL).get(n, {}) if itemsize == 2 else {}
+        return MosaicConfig(**{"block_rows": rows, "stages": stages, "programs_per_sm": per_sm, **fields})
     cluster, stages, per_sm, weight_smem, hold = LONG_ROWS.get((backward, n_pad), (MAX_CLUSTER, 2, 1, True, None))
     return MosaicConfig(block_rows=1, stages=stages, cluster=cluster, programs_per_sm=per_sm,
                         weight_in_smem=weight_smem, hold=hold)

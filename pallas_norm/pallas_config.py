@@ -72,11 +72,12 @@ def ffi_xla_tile(m: int, n: int) -> bool:
     return (few or n_pad in this_model(FWD_FFI_ALL_ROWS)) and _available()
 
 
-def one_warp_forward(m: int, n: int, itemsize: int = 2) -> bool:
+def one_warp_forward(m: int, n: int, itemsize: int = 2, product_in_dtype: bool = True) -> bool:
     """Whether the resident forward (plain and fused add alike) of ``m`` rows of ``n`` ``itemsize``-byte columns runs
     a row per one-warp program: ``FWD_ONE_WARP`` (16-bit rows of those widths, from that many rows per SM, on the GPU
-    model it names)."""
-    least = this_model(FWD_ONE_WARP).get(n) if itemsize == 2 else None
+    model it names), where the weight's product is taken in the row's dtype (``product_in_dtype``, Llama's casting;
+    ``FWD_ONE_WARP``'s note: Gemma's float32 product made the plain forward slower)."""
+    least = this_model(FWD_ONE_WARP).get(n) if itemsize == 2 and product_in_dtype else None
     return least is not None and m >= least * backend.num_sms()
 
 
@@ -197,7 +198,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     ``ffi_tables``, ``band_tables``); ``fused``: the fused add's (its forward ``FWD_ADD_RESIDENT``; ``False``: the
     plain backward may take ``BWD_FFI_PIECES_PLAIN``'s tile, ``BWD_FFI_PIECES_PLAIN_BY_MODEL``'s on the GPU model it
     names); ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile
-    (``itemsize`` also ``FWD_ONE_WARP``'s); the resident forward's L1 hints follow ``l1_hints.resident``."""
+    (both also ``FWD_ONE_WARP``'s); the resident forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
     if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype, m,
                                                                  backend.num_sms())):  # a row per program
@@ -224,7 +225,7 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         else:
             block_rows = min(max(1, TARGET_ELEMS // (2 if padded else 1) // n_pad), MAX_BLOCK_ROWS)
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
-        if one_warp_forward(m, n, itemsize):
+        if one_warp_forward(m, n, itemsize, product_in_dtype):
             block_rows, warps = 1, 1
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_xla_tile(m, n), l1_hints=hints), m, n,
                    backward=False)

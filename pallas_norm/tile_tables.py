@@ -46,7 +46,10 @@ FWD_ADD_RESIDENT = {1024: (4, 4), 2048: (1, 8), 4096: (1, 16), 8192: (1, 8), 163
 # the bound (between 62 and 124 rows per SM, untimed in between): 8192×3584 JAX 3.74 / 4.07 → 3.85 / 4.09, torch 3.70
 # / 4.21 → 3.86 / 4.10; 4096×3584 JAX 3.50 / 3.92 → 3.43 / 3.89. Not taken: 2304 (from JAX +2.4% / +3% at 32768
 # rows, but torch's plain −1.6%: its launch already runs XLA's binary at the driver's carveout) and 4096 (the fused
-# add −4% from JAX, −7% by torch).
+# add −4% from JAX, −7% by torch). Forty-fifth session (probes_h200_2026-11-28_fortyfifth.md §3): Gemma's casting
+# (the weight's product in float32) loses with one warp, one-warp → today's tile, plain / fused add TB/s: from JAX
+# 32768×3584 3.72 / 4.25 → 3.97 / 4.10, 16384×3584 3.59 / 4.18 → 3.91 / 4.07; by torch 32768×3584 3.72 / 4.26 →
+# 4.23 / 4.31, 16384×3584 3.60 / 4.19 → 4.12 / 4.26. So the table holds for the product in the row's dtype only.
 FWD_ONE_WARP = {"h200": {3584: 96}}
 # Forward, resident rows filling at most PADDED_FILL of their padded length (2304 of 4096, 1536 or 3072 of
 # 2048/4096): half the rows per program (TARGET_ELEMS counts padded elements, a quarter or more of which are masked

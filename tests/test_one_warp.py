@@ -17,24 +17,27 @@ from helpers import bits, jax_inputs
 gpu = pytest.mark.gpu
 
 
-def tiles(m: int, n: int, itemsize: int = 2) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(block_rows, warps) of the plain forward's and the fused add's heuristic configs."""
+def tiles(m: int, n: int, itemsize: int = 2, low: bool = True) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(block_rows, warps) of the plain forward's and the fused add's heuristic configs (``low``: the weight's product
+    in the row's dtype)."""
     return tuple((c.block_rows, c.num_warps) for f in (False, True)
-                 for c in [pallas_config.heuristic(m, n, backward=False, fused=f, itemsize=itemsize)])
+                 for c in [pallas_config.heuristic(m, n, backward=False, fused=f, itemsize=itemsize,
+                                                   product_in_dtype=low)])
 
 
 def test_h200_runs_many_rows_of_3584_on_one_warp_programs(monkeypatch):
     """On an H200 (132 SMs), 16-bit rows of 3584 columns from 96 rows per SM (12672) take a row per one-warp program,
     the plain forward and the fused add's alike (a row's sum is reduced in an order set by the warps); fewer rows,
-    other widths, 32-bit rows and the H100 keep today's tiles. The table's key is what an H200 reports."""
+    other widths, 32-bit rows, Gemma's float32 product and the H100 keep today's tiles. The table's key is what an
+    H200 reports."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    h100 = {(m, n, s): tiles(m, n, s) for m in (4096, 12671, 12672, 32768) for n in (2304, 3584, 4096)
-            for s in (2, 4)}
-    assert h100[(32768, 3584, 2)] == ((2, 16), (1, 16))
+    h100 = {(m, n, s, low): tiles(m, n, s, low) for m in (4096, 12671, 12672, 32768) for n in (2304, 3584, 4096)
+            for s in (2, 4) for low in (True, False)}
+    assert h100[(32768, 3584, 2, True)] == h100[(32768, 3584, 2, False)] == ((2, 16), (1, 16))
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
-    for (m, n, s), today in h100.items():
-        expected = ((1, 1), (1, 1)) if (n, s) == (3584, 2) and m >= 12672 else today
-        assert tiles(m, n, s) == expected, (m, n, s)
+    for (m, n, s, low), today in h100.items():
+        expected = ((1, 1), (1, 1)) if (n, s, low) == (3584, 2, True) and m >= 12672 else today
+        assert tiles(m, n, s, low) == expected, (m, n, s, low)
     assert backend.model_slug("NVIDIA H200") in pallas_config.FWD_ONE_WARP
     assert backend.model_slug("NVIDIA H100 80GB HBM3") not in pallas_config.FWD_ONE_WARP
 
