@@ -91,18 +91,20 @@ def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_ro
     assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
 
 
-def test_h200_holds_rows_of_8192_on_8_warps(monkeypatch):
+def test_h200_holds_rows_of_8192_on_8_warps_and_16384_on_16(monkeypatch):
     """``FWD_FFI_RESIDENT_BY_MODEL``: on an H200 the jaxlib-launched forward of full rows padded to 8192 runs 8 warps
-    (the H100's table 16), the plain forward and the fused add's alike (a row's sum is reduced in an order set by the
-    warps); 16384 and 32768 keep the H100's tiles."""
+    (the H100's table 16) and of 16384 16 (32), the plain forward and the fused add's alike (a row's sum is reduced in
+    an order set by the warps); 32768 keeps the H100's tile."""
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n, f) for m in (4096, 32768) for n in (7000, 8192, 16384, 32768) for f in (False, True)]
     h100 = {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2]) for s in shapes}
     assert {c.num_warps for (_, n, _), c in h100.items() if n <= 8192} == {16}
+    assert {c.num_warps for (_, n, _), c in h100.items() if n == 16384} == {32}
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
     for (m, n, fused), config in h100.items():
         h200 = pallas_config.heuristic(m, n, backward=False, fused=fused)
-        assert h200 == (dataclasses.replace(config, num_warps=8) if n <= 8192 else config), (m, n, fused)
+        warps = {8192: 8, 16384: 16}.get(pallas_config.next_pow2(n), config.num_warps)
+        assert h200 == dataclasses.replace(config, num_warps=warps), (m, n, fused)
         assert h200.ffi_launch
 
 
