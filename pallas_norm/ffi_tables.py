@@ -26,9 +26,10 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 32), 32768: (1, 16)}
 # kernels timed, two rounds; bench/results/probes_h200_2026-11-28_fortythird.md §4), plain / fused add TB/s, (1, 16)
 # → (1, 8): 32768×8192 4.21 / 4.34 → 4.31 / 4.29 (torch.compile 4.29-4.31 in the suite runs), 4096×8192 3.92 /
 # 4.17 → 4.01 / 4.15; (1, 4) 4.30 / 4.29 and 3.97 / 4.11; (1, 32) 3.35 / 4.34 and 3.21 / 4.18; (2, 16) 4.29 / 4.20
-# and 3.93 / 4.00. Forty-fifth session (same method, probes_h200_2026-11-28_fortyfifth.md §4), 16384 on (1, 32) → (1, 16):
-# bf16 llama 32768×16384 4.27 / 4.20 → 4.30 / 4.28, 4096×16384 4.09 / 4.09 → 4.11 / 4.18; gemma 32768×16384 4.12 /
-# 4.17 → 4.15 / 4.28, 4096×16384 3.92 / 4.06 → 3.94 / 4.18; (1, 8) 3.59-3.85 plain, (2, 32) 3.61-3.79 plain.
+# and 3.93 / 4.00. Forty-fifth session (same method, probes_h200_2026-11-28_fortyfifth.md §4), 16384 on (1, 32) →
+# (1, 16): bf16 llama 32768×16384 4.27 / 4.20 → 4.30 / 4.28, 4096×16384 4.09 / 4.09 → 4.11 / 4.18; gemma
+# 32768×16384 4.12 / 4.17 → 4.15 / 4.28, 4096×16384 3.92 / 4.06 → 3.94 / 4.18; (1, 8) 3.59-3.85 plain, (2, 32)
+# 3.61-3.79 plain.
 FWD_FFI_RESIDENT_BY_MODEL = {"h200": {8192: (1, 8), 16384: (1, 16)}}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
 # widths in two passes over column chunks, one row per program, launched by jaxlib's Triton call, with L1 hints
