@@ -13,7 +13,8 @@ from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
                          BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS,
-                         FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS, two_pass_tile)
+                         FWD_FFI_EXACT_BY_MODEL, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS,
+                         two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -58,9 +59,10 @@ def model_entry(by_model: dict, table: dict, key: int):
 
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
-    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, where ``triton_ffi.available()``;
-    their tiles ``FWD_FFI_RESIDENT_BY_MODEL``'s on the GPU model it names)."""
-    return _ffi(n, FWD_FFI_RESIDENT)
+    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, and ``FWD_FFI_EXACT_BY_MODEL``'s
+    lengths on the GPU model it names, where ``triton_ffi.available()``; their tiles ``FWD_FFI_RESIDENT_BY_MODEL``'s
+    on the GPU model it names)."""
+    return _ffi(n, FWD_FFI_RESIDENT) or (n in this_model(FWD_FFI_EXACT_BY_MODEL) and _available())
 
 
 def ffi_xla_tile(m: int, n: int) -> bool:

@@ -74,11 +74,11 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_row_count(monkeypatch):
     """``FWD_FFI_ALL_ROWS``: on an H200 the resident forward of rows padded to 128-2048 columns (full or not: 700 and
     1000 pad to 1024) takes jaxlib's launch on the tiles XLA launches otherwise, at any row count, the plain forward
-    and the fused add's alike; other lengths (64, 2304, 4096), other models (the H100's table: few full rows of 1024
+    and the fused add's alike; other lengths (64, 2304; 4096: the next test), other models (the H100's table: few full rows of 1024
     only) and no ``available()`` keep XLA's launch."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
-    shapes = [(m, n, f) for m in (64, 4096, 32768) for n in (64, 128, 256, 512, 700, 1000, 2048, 2304, 4096)
+    shapes = [(m, n, f) for m in (64, 4096, 32768) for n in (64, 128, 256, 512, 700, 1000, 2048, 2304)
               for f in (False, True)]
     h100 = {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2]) for s in shapes}
     assert not h100[(32768, 512, False)].ffi_launch and not h100[(32768, 1000, True)].ffi_launch
@@ -89,6 +89,37 @@ def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_ro
         assert h200 == dataclasses.replace(config, ffi_launch=expected), (m, n, fused)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
+
+
+def test_h200_launches_the_forward_of_rows_of_exactly_4096_by_jaxlib_on_a_row_per_8_warps(monkeypatch):
+    """``FWD_FFI_EXACT_BY_MODEL``: on an H200 the forward of rows of exactly 4096 columns (plain and fused add alike,
+    Llama's and Gemma's products, any row count) runs a row per 8-warp program launched by jaxlib, where the H100 runs
+    2 rows (the fused add 1) on 16 warps launched by XLA; 3584 and 2304, which pad to 4096 too, keep the H200's tiles
+    without the table (the broken variant: an empty table gives 4096 XLA's tile), and nothing changes without
+    ``available()``."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = [(m, n, f, p) for m in (64, 4096, 32768) for n in (2304, 3584, 4096) for f in (False, True)
+              for p in (False, True)]
+
+    def tiles() -> dict:
+        return {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2], product_in_dtype=s[3])
+                for s in shapes}
+
+    h100 = tiles()
+    h100_4096 = {(c.block_rows, c.num_warps, c.ffi_launch) for s, c in h100.items() if s[1] == 4096}
+    assert h100_4096 == {(2, 16, False), (1, 16, False)}  # the fused add's tile holds a row
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    h200 = tiles()
+    with monkeypatch.context() as broken:
+        broken.setattr(pallas_config, "FWD_FFI_EXACT_BY_MODEL", {})
+        without = tiles()
+    assert without[32768, 4096, False, True] == h100[32768, 4096, False, True]
+    for s, config in h200.items():
+        expected = dataclasses.replace(without[s], block_rows=1, num_warps=8, ffi_launch=True)
+        assert config == (expected if s[1] == 4096 else without[s]), s
+    monkeypatch.setattr(triton_ffi, "available", lambda: False)
+    assert pallas_config.heuristic(32768, 4096, backward=False) == h100[32768, 4096, False, True]
 
 
 def test_h200_holds_rows_of_8192_on_8_warps_and_16384_on_16(monkeypatch):

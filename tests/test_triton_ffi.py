@@ -192,14 +192,17 @@ def test_gpu_fused_add_y_is_rms_norm_of_h_bit_for_bit(n):
     add on another warp count (the seventeenth session's 1 warp at 1024; 8 warps launched by XLA at 8192 and 32768,
     on an H200 16 launched by jaxlib at 8192, whose tile there has 8; at 16384 the 16 warps jaxlib launched before the
     thirty-first session: 8 launched by XLA give 32's bits on these rows; on an H200, whose tile there has 16, the
-    32 jaxlib launches elsewhere), whose bits differ."""
+    32 jaxlib launches elsewhere; at 4096 XLA's 2 rows on 16 warps on an H200, whose tile there is jaxlib's row on 8,
+    and that tile elsewhere), whose bits differ."""
     x, w, _ = jax_inputs((8192, n), jnp.bfloat16, seed=11)
     r = jax_inputs((8192, n), jnp.bfloat16, seed=12)[0]
     y, h = pn.rms_norm_add(x, r, w)
     np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(h, w)))
     eight = pallas_config.heuristic(8192, 8192, backward=False).num_warps == 8  # the H200's tile (FWD_FFI_RESIDENT)
     other = 32 if pallas_config.heuristic(8192, 16384, backward=False).num_warps == 16 else 16  # the H200's: 16
-    broken = {1024: Config(2, 1024, 1), 8192: Config(1, 8192, 16, ffi_launch=True) if eight else Config(1, 8192, 8),
+    h200_4096 = pallas_config.heuristic(8192, 4096, backward=False).ffi_launch  # FWD_FFI_EXACT_BY_MODEL
+    broken = {1024: Config(2, 1024, 1), 4096: Config(2, 4096, 16) if h200_4096 else Config(1, 4096, 8, ffi_launch=True),
+              8192: Config(1, 8192, 16, ffi_launch=True) if eight else Config(1, 8192, 8),
               16384: Config(1, 16384, other, ffi_launch=True), 32768: Config(1, 32768, 8)}
     if n in broken:
         y_broken, h = pn.rms_norm_add(x, r, w, impl="pallas", config=broken[n])
