@@ -59,9 +59,9 @@ def model_entry(by_model: dict, table: dict, key: int):
 
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
-    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, and ``FWD_FFI_EXACT_BY_MODEL``'s
-    lengths on the GPU model it names, where ``triton_ffi.available()``; their tiles ``FWD_FFI_RESIDENT_BY_MODEL``'s
-    on the GPU model it names)."""
+    jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, their tiles
+    ``FWD_FFI_RESIDENT_BY_MODEL``'s on the GPU model it names; and ``FWD_FFI_EXACT_BY_MODEL``'s lengths on its tiles
+    on the GPU model it names; where ``triton_ffi.available()``; the heuristic leaves ``FWD_ONE_WARP``'s rows)."""
     return _ffi(n, FWD_FFI_RESIDENT) or (n in this_model(FWD_FFI_EXACT_BY_MODEL) and _available())
 
 
@@ -207,9 +207,11 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         cols, warps = tile
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
-    if not backward and ffi_forward(n):
-        block_rows, warps = model_entry(FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_RESIDENT, n_pad)
-        return fit(Config(block_rows, n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
+    if not backward and ffi_forward(n) and not one_warp_forward(m, n, itemsize, product_in_dtype):
+        block_rows, warps = this_model(FWD_FFI_EXACT_BY_MODEL).get(n) or model_entry(FWD_FFI_RESIDENT_BY_MODEL,
+                                                                                       FWD_FFI_RESIDENT, n_pad)
+        return fit(Config(min(block_rows, next_pow2(max(m, 1))), n_pad, warps, ffi_launch=True, l1_hints=hints), m, n,
+                   backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
     if banded is not None:

@@ -91,12 +91,12 @@ def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_ro
     assert not pallas_config.heuristic(32768, 512, backward=False).ffi_launch
 
 
-def test_h200_launches_the_forward_of_rows_of_exactly_4096_by_jaxlib_on_a_row_per_8_warps(monkeypatch):
+def test_h200_launches_the_forward_of_rows_of_exactly_3584_and_4096_by_jaxlib_on_their_tiles(monkeypatch):
     """``FWD_FFI_EXACT_BY_MODEL``: on an H200 the forward of rows of exactly 4096 columns (plain and fused add alike,
     Llama's and Gemma's products, any row count) runs a row per 8-warp program launched by jaxlib, where the H100 runs
-    2 rows (the fused add 1) on 16 warps launched by XLA; 3584 and 2304, which pad to 4096 too, keep the H200's tiles
-    without the table (the broken variant: an empty table gives 4096 XLA's tile), and nothing changes without
-    ``available()``."""
+    2 rows (the fused add 1) on 16 warps launched by XLA; of exactly 3584 two rows per 8-warp program, but where
+    ``FWD_ONE_WARP`` takes Llama's many rows; 2304, which pads to 4096 too, keeps its tile. The broken variant: an
+    empty table gives the H200's tiles without it; nothing changes without ``available()``."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n, f, p) for m in (64, 4096, 32768) for n in (2304, 3584, 4096) for f in (False, True)
@@ -115,9 +115,14 @@ def test_h200_launches_the_forward_of_rows_of_exactly_4096_by_jaxlib_on_a_row_pe
         broken.setattr(pallas_config, "FWD_FFI_EXACT_BY_MODEL", {})
         without = tiles()
     assert without[32768, 4096, False, True] == h100[32768, 4096, False, True]
-    for s, config in h200.items():
-        expected = dataclasses.replace(without[s], block_rows=1, num_warps=8, ffi_launch=True)
-        assert config == (expected if s[1] == 4096 else without[s]), s
+    for (m, n, fused, product), config in h200.items():
+        one_warp = pallas_config.one_warp_forward(m, n, 2, product)
+        assert one_warp == (n == 3584 and product and m == 32768)
+        tile = {3584: (2, 8), 4096: (1, 8)}.get(n) if not one_warp else None
+        expected = without[m, n, fused, product]
+        if tile:
+            expected = dataclasses.replace(expected, block_rows=tile[0], num_warps=tile[1], ffi_launch=True)
+        assert config == expected, (m, n, fused, product)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     assert pallas_config.heuristic(32768, 4096, backward=False) == h100[32768, 4096, False, True]
 
