@@ -74,8 +74,8 @@ def test_few_rows_of_1024_columns_take_the_ffi_launch_on_their_xla_tiles(monkeyp
 def test_h200_launches_the_forward_of_rows_to_2048_columns_by_jaxlib_at_every_row_count(monkeypatch):
     """``FWD_FFI_ALL_ROWS``: on an H200 the resident forward of rows padded to 128-2048 columns (full or not: 700 and
     1000 pad to 1024) takes jaxlib's launch on the tiles XLA launches otherwise, at any row count, the plain forward
-    and the fused add's alike; other lengths (64, 2304; 4096: the next test), other models (the H100's table: few full rows of 1024
-    only) and no ``available()`` keep XLA's launch."""
+    and the fused add's alike; other lengths (64, 2304; 4096: the next test), other models (the H100's table: few
+    full rows of 1024 only) and no ``available()`` keep XLA's launch."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n, f) for m in (64, 4096, 32768) for n in (64, 128, 256, 512, 700, 1000, 2048, 2304)
