@@ -32,22 +32,21 @@ FWD_FFI_RESIDENT = {8192: (1, 16), 16384: (1, 32), 32768: (1, 16)}
 # 3.61-3.79 plain.
 FWD_FFI_RESIDENT_BY_MODEL = {"h200": {8192: (1, 8), 16384: (1, 16)}}
 # Per GPU model: the resident forward (plain and fused add) of rows of exactly these lengths, launched by jaxlib on
-# these tiles (block_rows, warps) where FWD_ONE_WARP does not take it (FWD_FFI_RESIDENT holds padded lengths; 2304
-# pads to 4096 too and is not here). Forty-sixth session (H200, from JAX and by torch, kernels timed over rotated
-# inputs, two rounds, the slower quoted;
-# probes_h200_2026-11-29_fortysixth.md §2), XLA's launch of (2, 16) → jaxlib's of (1, 8), plain from JAX / fused add
-# from JAX / plain by torch, TB/s: llama 32768×4096 4.10 / 4.20 / 4.26 → 4.28 / 4.28 / 4.27, 4096×4096 3.66 / 3.91 /
-# 3.79 → 3.78 / 4.04 / 3.80; gemma 32768×4096 4.07 / 4.19 / 4.25 → 4.27 / 4.27 / 4.27, 16384×4096 4.01 / 4.15 / 4.18
-# → 4.18 / 4.25 / 4.17, 8192×4096 3.90 / 4.08 / 4.01 → 4.04 / 4.17 / 4.02, 4096×4096 3.57 / 3.92 / 3.71 → 3.70 /
-# 4.02 / 3.69, 2048×4096 3.23 / 3.67 / 3.17 → 3.15 / 3.77 / 3.17; fp16 llama 32768×4096 4.11 / 4.09 / 4.26 → 4.28 /
-# 4.28 / 4.27, 4096×4096 3.65 / 3.89 / 3.79 → 3.80 / 4.05 / 3.79; float32 llama 32768×4096 4.10 / 4.19 / 4.29 → 4.28 /
-# 4.26 / 4.28, 4096×4096 3.80 / 3.96 / 3.96 → 4.00 / 4.11 / 4.01. jaxlib's launch of (2, 16) (FWD_FFI_ALL_ROWS' way):
-# gemma's plain from JAX as (1, 8), llama's level, by torch −0.1 to −4.6% (the triton package's binary of that tile;
-# the torch route launches XLA's with the driver's carveout already). 3584 (§3), (2, 16) by XLA → (2, 8) by jaxlib:
-# gemma 32768×3584 3.99 / 4.12 / 4.22 → 4.24 / 4.27 / 4.23, 4096×3584 3.41 / 3.83 / 3.55 → 3.55 / 3.98 / 3.53; llama
-# (below FWD_ONE_WARP's rows) 8192×3584 3.69 / 4.04 / 3.70 → 3.98 / 4.13 / 4.02, 4096×3584 3.39 / 3.88 / 3.41 → 3.64
-# / 3.95 / 3.65; on (1, 8) by torch 4.25 → 4.06 (gemma, 32768 rows), (1, 4) 4.20 / 4.28 / 4.20, (4, 8) 3.94 / 4.27 /
-# 3.93 (float32 rows of 3584 untimed). Not 2304 on its (1, 4) (§4): from JAX +2 to +5% from 16384 rows, −2.3%
+# these tiles (block_rows, warps) where FWD_ONE_WARP does not take it (FWD_FFI_RESIDENT holds padded lengths; 2304 pads
+# to 4096 too and is not here). Forty-sixth session (H200, from JAX and by torch, kernels timed over rotated inputs, two
+# rounds, the slower quoted; probes_h200_2026-11-29_fortysixth.md §2), XLA's launch of (2, 16) → jaxlib's of (1, 8),
+# plain from JAX / fused add from JAX / plain by torch, TB/s: llama 32768×4096 4.10 / 4.20 / 4.26 → 4.28 / 4.28 / 4.27,
+# 4096×4096 3.66 / 3.91 / 3.79 → 3.78 / 4.04 / 3.80; gemma 32768×4096 4.07 / 4.19 / 4.25 → 4.27 / 4.27 / 4.27,
+# 16384×4096 4.01 / 4.15 / 4.18 → 4.18 / 4.25 / 4.17, 8192×4096 3.90 / 4.08 / 4.01 → 4.04 / 4.17 / 4.02, 4096×4096 3.57
+# / 3.92 / 3.71 → 3.70 / 4.02 / 3.69, 2048×4096 3.23 / 3.67 / 3.17 → 3.15 / 3.77 / 3.17; fp16 llama 32768×4096 4.11 /
+# 4.09 / 4.26 → 4.28 / 4.28 / 4.27, 4096×4096 3.65 / 3.89 / 3.79 → 3.80 / 4.05 / 3.79; float32 llama 32768×4096 4.10 /
+# 4.19 / 4.29 → 4.28 / 4.26 / 4.28, 4096×4096 3.80 / 3.96 / 3.96 → 4.00 / 4.11 / 4.01. jaxlib's launch of (2, 16)
+# (FWD_FFI_ALL_ROWS' way): gemma's plain from JAX as (1, 8), llama's level, by torch −0.1 to −4.6% (the triton package's
+# binary of that tile; the torch route launches XLA's with the driver's carveout already). 3584 (§3), (2, 16) by XLA →
+# (2, 8) by jaxlib: gemma 32768×3584 3.99 / 4.12 / 4.22 → 4.24 / 4.27 / 4.23, 4096×3584 3.41 / 3.83 / 3.55 → 3.55 / 3.98
+# / 3.53; llama (below FWD_ONE_WARP's rows) 8192×3584 3.69 / 4.04 / 3.70 → 3.98 / 4.13 / 4.02, 4096×3584 3.39 / 3.88 /
+# 3.41 → 3.64 / 3.95 / 3.65; on (1, 8) by torch 4.25 → 4.06 (gemma, 32768 rows), (1, 4) 4.20 / 4.28 / 4.20, (4, 8) 3.94
+# / 4.27 / 3.93 (float32 rows of 3584 untimed). Not 2304 on its (1, 4) (§4): from JAX +2 to +5% from 16384 rows, −2.3%
 # (gemma) at 4096; by torch 0 to −2.7%; the fused add +1.7 to +3.8%.
 FWD_FFI_EXACT_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {3584: (2, 8), 4096: (1, 8)}}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
