@@ -72,6 +72,7 @@ def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bit
     failed variant as "err", and whether the torch route gave JAX's bits (a "NO" is shown, not hidden)."""
     from bench import ffi_launch
 
+    assert ffi_launch.parse_tiles("2:8,1:16") == ((2, 8), (1, 16))
     names = list(ffi_launch._variants(16384))
     assert names[:2] == ["(1, 8) XLA", "(1, 8) jaxlib"] and names[-2:] == ["mosaic", "impl=None"]
     assert all(kw["config"].ffi_launch == name.endswith("jaxlib") for name, kw in ffi_launch._variants(16384).items()
@@ -80,6 +81,53 @@ def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bit
             for r in (0, 1) for v in names]
     text = ffi_launch.markdown(dict(env=ENV, rows=rows, torch_route_bits={"8x16384": False}))
     assert "| 8×16384 | 2.500 / 2.510 |" in text and "| err | 2.500 / 2.510 | NO |" in text
+
+
+def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
+    """``bench.ffi_launch``'s routes: ``plain`` and ``fused`` run ``rms_norm`` / ``rms_norm_add`` from JAX (here on
+    CPU, Gemma's casting) and ``torch`` the launch route's forward of the variant's config, each over every rotated
+    set; the torch route does not run Mosaic GPU's variant ("err" in its table). TB/s count 2 and 4 elements moved
+    per element. The broken variant (the fused add counted with the plain forward's bytes) fails the check."""
+    import jax.numpy as jnp
+
+    from bench import ffi_launch, providers
+    from torch_bridge import launch_route
+
+    seen = []
+
+    def fake_time_kernels(fn, sync, iters=20):
+        seen.append(len(fn()))
+        return 1e-3
+
+    def fake_inputs(m, n, dtype, offset, seed=None):
+        g = torch.Generator().manual_seed(seed or 0)
+        return torch.randn(m, n, generator=g), 0.1 * torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+
+    monkeypatch.setattr(timing, "time_kernels", fake_time_kernels)
+    monkeypatch.setattr(timing, "inputs", fake_inputs)
+    monkeypatch.setattr(timing, "environment", lambda **kw: {**ENV, **kw})
+    monkeypatch.setattr(providers, "jax_owned", lambda t: jnp.asarray(t.numpy()))
+    monkeypatch.setattr(launch_route, "forward_launcher", lambda *a: lambda x, w: (x * w, None))
+    monkeypatch.setattr(ffi_launch, "_torch_route_bits", lambda *a: True)
+    variants = ffi_launch._variants  # the Pallas configs through the interpreter on CPU
+    monkeypatch.setattr(ffi_launch, "_variants", lambda n, tiles: {
+        k: dict(kw, impl="interpret") if kw["impl"] == "pallas" else kw for k, kw in variants(n, tiles).items()})
+
+    def consistent(result) -> bool:
+        tbps = {(r["variant"], r["route"], r["round"]): r["tbps"] for r in result["rows"]}
+        mib = 8 * 256 * 4 / 1e-3 / 1e12  # one element of each row moved once, float32, per 1 ms
+        return (tbps["mosaic", "torch", 0] is None and tbps["(1, 1) jaxlib", "plain", 1] == 2 * mib
+                and tbps["(1, 1) XLA", "fused", 0] == 4 * mib and tbps["impl=None", "torch", 1] == 2 * mib)
+
+    run = lambda: ffi_launch.run(((8, 256),), ((1, 1),), "gemma", "float32", ffi_launch.ROUTES)  # noqa: E731
+    result = run()
+    assert len(result["rows"]) == 4 * 3 * 2 and consistent(result)
+    assert set(seen) == {timing.rotations(8 * 256 * 4 * 4)}
+    text = ffi_launch.markdown(result)
+    assert all(f"## {route}" in text for route in ffi_launch.ROUTES) and "casting=gemma" in text
+    assert "| err |" in text.split("## torch")[1]
+    monkeypatch.setitem(ffi_launch.BYTES, "fused", 2)
+    assert not consistent(run())
 
 
 def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch):
