@@ -98,7 +98,7 @@ def run(shapes=SHAPES, tiles=TILES, casting: str = "llama", dtype: str = "bfloat
     size = torch.finfo(tdtype).bits // 8
     rows, bits = [], {}
     for m, n in shapes:
-        reps = timing.rotations(m * n * size * (4 if "fused" in routes else 2))
+        reps = timing.rotations(m * n * size * max(BYTES[r] for r in routes))
         tsets = [timing.inputs(m, n, tdtype, offset, seed=i) for i in range(reps)]  # x, w, dy (the residual)
         sets = [tuple(jax_owned(t) for t in s) for s in tsets]
         variants = _variants(n, tiles)

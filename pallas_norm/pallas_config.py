@@ -207,11 +207,11 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         cols, warps = tile
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
+    rows = next_pow2(max(m, 1))
     if not backward and ffi_forward(n) and not one_warp_forward(m, n, itemsize, product_in_dtype):
         block_rows, warps = this_model(FWD_FFI_EXACT_BY_MODEL).get(n) or model_entry(FWD_FFI_RESIDENT_BY_MODEL,
                                                                                        FWD_FFI_RESIDENT, n_pad)
-        return fit(Config(min(block_rows, next_pow2(max(m, 1))), n_pad, warps, ffi_launch=True, l1_hints=hints), m, n,
-                   backward=False)
+        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=True, l1_hints=hints), m, n, backward=False)
     held = backward and ffi_held(m, n, itemsize)
     banded = None if held else bands_config(m, n, backward=backward)
     if banded is not None:
@@ -220,7 +220,6 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         cols, warps, per_sm, prefetch = BWD_CHUNKED if backward else FWD_CHUNKED
         programs = _grid(per_sm, cdiv(n, cols), backward)
         return fit(Config(1, cols, warps, programs=programs, prefetch=prefetch), m, n, backward=backward)
-    rows = next_pow2(max(m, 1))
     if not backward:
         padded = not full_row(n)
         table = {**FWD_RESIDENT, **FWD_ADD_RESIDENT} if fused else FWD_RESIDENT  # per-head widths: the plain's
