@@ -1,4 +1,4 @@
-"""``python -m bench.ffi_launch [MxN,...] [--tiles R:W,...] [--casting C] [--dtype D] [--routes plain,fused,torch]
+"""``python -m bench.ffi_launch [MxN,...] [--tiles R:W[:C],...] [--casting C] [--dtype D] [--routes plain,fused,torch]
 [--out DIR]``: the Pallas forward of rows held in registers, launched by XLA against the same kernel compiled by the
 ``triton`` package and launched by jaxlib's Triton call (``pallas_norm.triton_ffi``, ``Config.ffi_launch``), per tile
 (rows per program, warps; with the resident L1 hints the heuristic gives), beside ``impl=None`` and Mosaic GPU; and
@@ -30,24 +30,34 @@ ROUTES = ("plain", "fused", "torch")
 BYTES = {"plain": 2, "fused": 4, "torch": 2}  # elements moved per row element, × the itemsize
 
 
-def parse_tiles(text: str) -> tuple[tuple[int, int], ...]:
-    """``"R:W,R:W"`` as ``((R, W), ...)`` (rows per program, warps)."""
+def parse_tiles(text: str) -> tuple[tuple[int, ...], ...]:
+    """``"R:W,R:W:C"`` as ``((R, W), (R, W, C))``: rows per program, warps and, for the forward in two passes over
+    column chunks (``ffi_tables.FWD_FFI_TWO_PASS``' design), the chunk's columns."""
     try:
-        return tuple(tuple(int(v) for v in t.split(":")) for t in text.split(","))  # type: ignore[misc]
+        tiles = tuple(tuple(int(v) for v in t.split(":")) for t in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"tiles must be comma-separated ROWS:WARPS, got {text!r}") from None
+        tiles = ()
+    if not tiles or any(len(t) not in (2, 3) for t in tiles):
+        raise argparse.ArgumentTypeError(f"tiles must be comma-separated ROWS:WARPS or ROWS:WARPS:CHUNK, got {text!r}")
+    return tiles
 
 
 def _variants(n: int, tiles=TILES) -> dict[str, dict]:
-    """name -> ``rms_norm`` keyword arguments: each tile launched by XLA and by jaxlib's call, Mosaic, the default."""
+    """name -> ``rms_norm`` keyword arguments: each tile launched by XLA and by jaxlib's call, Mosaic, the default. A
+    tile with a chunk shorter than the padded row walks the row twice with the L1 hints (the heuristic's two-pass
+    forward: a persistent grid of one program per row block)."""
     from pallas_norm import l1_hints
     from pallas_norm.pallas_config import Config
 
     out = {}
-    for rows, warps in tiles:
+    for rows, warps, *chunk in tiles:
+        cols = min(chunk[0], next_pow2(n)) if chunk else next_pow2(n)
+        hints = l1_hints.resident(cols) if cols == next_pow2(n) else True
+        programs = None if cols == next_pow2(n) else 1 << 30  # fit() clamps it to the row blocks
+        tile = f"({rows}, {warps}{f', {cols}' if cols < next_pow2(n) else ''})"
         for ffi in (False, True):
-            cfg = Config(rows, next_pow2(n), warps, ffi_launch=ffi, l1_hints=l1_hints.resident(next_pow2(n)))
-            out[f"({rows}, {warps}) {'jaxlib' if ffi else 'XLA'}"] = dict(impl="pallas", config=cfg)
+            cfg = Config(rows, cols, warps, programs=programs, ffi_launch=ffi, l1_hints=hints)
+            out[f"{tile} {'jaxlib' if ffi else 'XLA'}"] = dict(impl="pallas", config=cfg)
     return {**out, "mosaic": dict(impl="mosaic"), "impl=None": dict(impl=None)}
 
 
@@ -150,7 +160,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ffi_launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("shapes", nargs="?", type=timing.parse_shapes, default=SHAPES, help="comma-separated MxN")
-    parser.add_argument("--tiles", type=parse_tiles, default=TILES, help="comma-separated ROWS:WARPS")
+    parser.add_argument("--tiles", type=parse_tiles, default=TILES, help="comma-separated ROWS:WARPS[:CHUNK]")
     parser.add_argument("--casting", choices=("llama", "gemma"), default="llama")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--routes", type=lambda t: tuple(t.split(",")), default=("plain",), help=", ".join(ROUTES))

@@ -48,7 +48,8 @@ FWD_FFI_RESIDENT_BY_MODEL = {"h200": {8192: (1, 8), 16384: (1, 16)}}
 # 3.41 → 3.64 / 3.95 / 3.65; on (1, 8) by torch 4.25 → 4.06 (gemma, 32768 rows), (1, 4) 4.20 / 4.28 / 4.20, (4, 8) 3.94
 # / 4.27 / 3.93 (float32 rows of 3584 untimed). Not 2304 on its (1, 4) (§4): from JAX +2 to +5% from 16384 rows, −2.3%
 # (gemma) at 4096; by torch 0 to −2.7%; the fused add +1.7 to +3.8%.
-FWD_FFI_EXACT_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {3584: (2, 8), 4096: (1, 8)}}
+# Forty-seventh session: 5120 on (1, 8) where FWD_FFI_TWO_PASS_BY_MODEL leaves it resident (Llama's casting; below).
+FWD_FFI_EXACT_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {3584: (2, 8), 4096: (1, 8), 5120: (1, 8)}}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
 # widths in two passes over column chunks, one row per program, launched by jaxlib's Triton call, with L1 hints
 # (``Config.l1_hints``: the first pass keeps the row in L1, the second reads it there; the design of torch.compile's
@@ -69,16 +70,41 @@ FWD_FFI_EXACT_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {3584: 
 # 3.00 / 3.02; at 8192 rows (62 per SM) plain −0.4%, fused +0.6%; at 4096 plain −2%.
 FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8), (2048, 16))}
 TWO_PASS_MANY_ROWS_PER_SM = 96
+# FWD_FFI_TWO_PASS' entries on the GPU model named, where they differ (None: no two passes, the resident forward of
+# FWD_FFI_EXACT_BY_MODEL's tile). Forty-seventh session (H200, kernels timed from JAX and by the torch route, two
+# rounds; `python -m bench.ffi_launch ... --tiles R:W[:C] --routes plain,fused,torch`,
+# probes_h200_2026-11-29_fortyseventh.md §2), plain / fused add / plain by torch, TB/s: bf16 llama, (4096, 16) → the
+# resident (1, 8) by jaxlib, 32768×5120 3.78 / 4.31 / 3.77 → 4.29 / 4.30 / 4.29, 4096×5120 3.46 / 4.10 / 3.43 → 3.92 /
+# 4.09 / 3.92 (two passes of (4096, 8) 4.25 / 4.13 / 4.25 and 3.86 / 4.02 / 3.86); fp16 llama 32768×5120 3.86 / 4.30
+# / 3.84 → 4.30 / 4.30 / 4.29, 4096×5120 3.58 / 4.09 / 3.52 → 3.92 / 4.10 / 3.92; bf16 gemma from
+# TWO_PASS_MANY_ROWS_PER_SM rows per SM, (2048, 16) → the resident (1, 8), 32768×5120 3.70 / 4.31 / 3.69 → 4.26 / 4.30
+# / 4.26 (two passes of (4096, 8) 4.27 / 4.25 / 4.26); below, (4096, 8) kept: 4096×5120 3.80 / 4.05 / 3.80 (the
+# resident (1, 8) 3.73 / 4.09 / 3.70). Mosaic GPU 4.17-4.21 and 3.61-3.74 (plain from JAX).
+FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, (4096, 8), None)}}
+# Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y then agrees with
+# rms_norm(h) to the accuracy rule, not bit for bit: docs/jax.md) of 16-bit rows of these lengths in two passes,
+# (chunk columns, warps), Llama's and Gemma's casting alike. Forty-seventh session (same method and file, §3), the
+# resident (1, 16) by jaxlib → two passes of (8192, 32), plain / plain by torch, TB/s: bf16 llama 16384×32768 3.99 /
+# 3.99 → 4.30 / 4.30, 8192×32768 3.97 / 3.96 → 4.26 / 4.26 (torch.compile 4.19 in the suite), 4096×32768 3.90 / 3.90
+# → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.25 / 4.24 (torch.compile 4.27), 4096×32768 3.67 / 3.67 → 4.15 /
+# 4.14; (4096, 32) 0.3-1% below, (8192, 16) 4.01 and 3.94. The fused add on two passes of (8192, 32) 3.71-3.76 against
+# 4.21-4.29 resident (its second pass re-reads x and the residual, 128 KB a row, past L1), so it keeps its tile.
+FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {32768: (8192, 32)}}
 
 
-def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132
-                  ) -> tuple[int, int] | None:
-    """``FWD_FFI_TWO_PASS``' (chunk columns, warps) for the forward (plain or fused add) of ``m`` rows of ``n``
+def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132, *,
+                  fused: bool = False, model: str = "") -> tuple[int, int] | None:
+    """``FWD_FFI_TWO_PASS``' (chunk columns, warps) for the forward (plain or ``fused`` add) of ``m`` rows of ``n``
     ``itemsize``-byte elements (16-bit rows of its widths; ``product_in_dtype``: ``kernels.product_in_dtype``, else
-    the float32 product's tile for few or, from ``TWO_PASS_MANY_ROWS_PER_SM`` per SM of ``sms``, many rows), or None;
-    both stacks' heuristics read it (``pallas_config.two_pass_tile``; the Pallas kernels' where
-    ``triton_ffi.available()``)."""
-    tiles = FWD_FFI_TWO_PASS.get(n) if itemsize == 2 else None
+    the float32 product's tile for few or, from ``TWO_PASS_MANY_ROWS_PER_SM`` per SM of ``sms``, many rows), on the
+    GPU ``model`` (``backend.model_slug``) ``FWD_FFI_TWO_PASS_BY_MODEL``'s entry and for the plain forward
+    ``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``'s where they name one, or None; both stacks' heuristics read it
+    (``pallas_config.two_pass_tile``; the Pallas kernels' where ``triton_ffi.available()``)."""
+    if itemsize != 2:
+        return None
+    if not fused and (plain := FWD_FFI_TWO_PASS_PLAIN_BY_MODEL.get(model, {}).get(n)):
+        return plain
+    tiles = FWD_FFI_TWO_PASS_BY_MODEL.get(model, {}).get(n, FWD_FFI_TWO_PASS.get(n))
     if tiles is None:
         return None
     return tiles[0 if product_in_dtype else 2 if m >= TWO_PASS_MANY_ROWS_PER_SM * sms else 1]

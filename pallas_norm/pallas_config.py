@@ -202,9 +202,9 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
     names); ``itemsize`` and ``product_in_dtype`` (``kernels.product_in_dtype``) pick ``FWD_FFI_TWO_PASS``' tile
     (both also ``FWD_ONE_WARP``'s); the resident forward's L1 hints follow ``l1_hints.resident``."""
     n_pad = next_pow2(n)
-    if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype, m,
-                                                                 backend.num_sms())):  # a row per program
-        cols, warps = tile
+    if not backward and _available() and (tile := two_pass_tile(n, itemsize, product_in_dtype, m, backend.num_sms(),
+                                                                 fused=fused, model=backend.gpu_model())):
+        cols, warps = tile  # a row per program
         return fit(Config(1, cols, warps, programs=max(m, 1), ffi_launch=True, l1_hints=True), m, n, backward=False)
     hints = not backward and l1_hints.resident(n_pad)  # the resident forward's
     rows = next_pow2(max(m, 1))

@@ -4,6 +4,7 @@ ptxas report the Mosaic sweep reads."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -72,7 +73,14 @@ def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bit
     failed variant as "err", and whether the torch route gave JAX's bits (a "NO" is shown, not hidden)."""
     from bench import ffi_launch
 
-    assert ffi_launch.parse_tiles("2:8,1:16") == ((2, 8), (1, 16))
+    assert ffi_launch.parse_tiles("2:8,1:16:2048") == ((2, 8), (1, 16, 2048))
+    with pytest.raises(argparse.ArgumentTypeError, match="ROWS:WARPS"):
+        ffi_launch.parse_tiles("1:16:2048:4")
+    chunked = ffi_launch._variants(5120, ((1, 16, 2048), (1, 8, 8192)))  # a chunk of the padded row is resident
+    assert list(chunked)[:4] == ["(1, 16, 2048) XLA", "(1, 16, 2048) jaxlib", "(1, 8) XLA", "(1, 8) jaxlib"]
+    two_pass = chunked["(1, 16, 2048) jaxlib"]["config"]
+    assert (two_pass.block_cols, two_pass.l1_hints, two_pass.programs) == (2048, True, 1 << 30)
+    assert chunked["(1, 8) XLA"]["config"].programs is None
     names = list(ffi_launch._variants(16384))
     assert names[:2] == ["(1, 8) XLA", "(1, 8) jaxlib"] and names[-2:] == ["mosaic", "impl=None"]
     assert all(kw["config"].ffi_launch == name.endswith("jaxlib") for name, kw in ffi_launch._variants(16384).items()
@@ -119,9 +127,11 @@ def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
         return (tbps["mosaic", "torch", 0] is None and tbps["(1, 1) jaxlib", "plain", 1] == 2 * mib
                 and tbps["(1, 1) XLA", "fused", 0] == 4 * mib and tbps["impl=None", "torch", 1] == 2 * mib)
 
-    run = lambda: ffi_launch.run(((8, 256),), ((1, 1),), "gemma", "float32", ffi_launch.ROUTES)  # noqa: E731
+    run = lambda: ffi_launch.run(((8, 256),), ((1, 1), (1, 1, 128)), "gemma", "float32",  # noqa: E731
+                                 ffi_launch.ROUTES)
     result = run()
-    assert len(result["rows"]) == 4 * 3 * 2 and consistent(result)
+    assert len(result["rows"]) == 6 * 3 * 2 and consistent(result)
+    assert all(r["tbps"] for r in result["rows"] if r["variant"].startswith("(1, 1, 128)"))  # two passes ran
     assert set(seen) == {timing.rotations(8 * 256 * 4 * 4)}
     text = ffi_launch.markdown(result)
     assert all(f"## {route}" in text for route in ffi_launch.ROUTES) and "casting=gemma" in text

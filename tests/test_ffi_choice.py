@@ -130,7 +130,8 @@ def test_h200_launches_the_forward_of_rows_of_exactly_3584_and_4096_by_jaxlib_on
 def test_h200_holds_rows_of_8192_on_8_warps_and_16384_on_16(monkeypatch):
     """``FWD_FFI_RESIDENT_BY_MODEL``: on an H200 the jaxlib-launched forward of full rows padded to 8192 runs 8 warps
     (the H100's table 16) and of 16384 16 (32), the plain forward and the fused add's alike (a row's sum is reduced in
-    an order set by the warps); 32768 keeps the H100's tile."""
+    an order set by the warps); 32768 keeps the H100's tile (the fused add's; the plain forward's two passes: the
+    next test)."""
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n, f) for m in (4096, 32768) for n in (7000, 8192, 16384, 32768) for f in (False, True)]
     h100 = {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2]) for s in shapes}
@@ -138,10 +139,59 @@ def test_h200_holds_rows_of_8192_on_8_warps_and_16384_on_16(monkeypatch):
     assert {c.num_warps for (_, n, _), c in h100.items() if n == 16384} == {32}
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
     for (m, n, fused), config in h100.items():
+        if n == 32768 and not fused:
+            continue
         h200 = pallas_config.heuristic(m, n, backward=False, fused=fused)
         warps = {8192: 8, 16384: 16}.get(pallas_config.next_pow2(n), config.num_warps)
         assert h200 == dataclasses.replace(config, num_warps=warps), (m, n, fused)
         assert h200.ffi_launch
+
+
+def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
+    """On an H200 (``ffi_tables.FWD_FFI_TWO_PASS_BY_MODEL``, ``FWD_FFI_EXACT_BY_MODEL``): 16-bit rows of 5120 leave
+    the two passes for the resident (1, 8) launched by jaxlib (Llama's product; Gemma's float32 product from 96 rows
+    per SM), Gemma's fewer rows take two passes of (4096, 8); float32 rows of 5120 take the resident (1, 8) too. The
+    plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), the
+    fused add's keeps its resident (1, 16); float32 rows keep theirs. The Triton reference reads the same entries.
+    The broken variant: with the per-model two-pass tables emptied, the H200 runs the H100's two passes at 5120 and
+    one tile for both forwards at 32768."""
+    from pallas_norm import ffi_tables
+    from torch_bridge import triton_config
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(triton_ffi, "available", lambda: True)
+    shapes = [(m, n, f, p, s) for m in (4096, 32768) for n in (5120, 32768) for f in (False, True)
+              for p in (False, True) for s in (2, 4)]
+
+    def tiles() -> dict:
+        return {k: pallas_config.heuristic(k[0], k[1], backward=False, fused=k[2], product_in_dtype=k[3], itemsize=k[4])
+                for k in shapes}
+
+    h100 = tiles()
+    monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
+    h200 = tiles()
+    for (m, n, fused, product, size), config in h200.items():
+        got = (config.block_rows, config.block_cols, config.num_warps, config.ffi_launch, config.l1_hints)
+        if n == 5120:
+            resident = size == 4 or product or m == 32768
+            assert got == ((1, 8192, 8, True, True) if resident else (1, 4096, 8, True, True)), (m, n, fused, product)
+            assert config.programs == (None if resident else m)
+        elif size == 2 and not fused:
+            assert got == (1, 8192, 32, True, True) and config.programs == m
+        else:
+            assert config == h100[m, n, fused, product, size] == Config(1, 32768, 16, ffi_launch=True, l1_hints=True)
+    with monkeypatch.context() as broken:
+        broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_BY_MODEL", {})
+        broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_PLAIN_BY_MODEL", {})
+        without = tiles()
+    assert without[32768, 5120, False, True, 2] == h100[32768, 5120, False, True, 2] != h200[32768, 5120, False, True, 2]
+    assert without[4096, 32768, False, True, 2] == without[4096, 32768, True, True, 2]  # one tile
+    forward = triton_config.forward_config
+    assert forward(5120, 132, 2, True, 32768, False, "h200") == triton_config.Config(1, 8192, 8, l1_hints=True)
+    assert forward(5120, 132, 2, False, 4096, False, "h200") == triton_config.Config(1, 4096, 8, l1_hints=True)
+    assert forward(32768, 132, 2, True, 8192, False, "h200") == triton_config.Config(1, 8192, 32, l1_hints=True)
+    assert forward(32768, 132, 2, True, 8192, True, "h200") == forward(32768, 132, 2, True, 8192, True)
+    assert not forward(32768, 132, 2, True, 8192, True, "h200").chunked(32768)
 
 
 def test_the_per_model_table_is_keyed_by_the_device_name_s_slug(monkeypatch):

@@ -146,14 +146,18 @@ def test_gpu_two_pass_forward_runs_through_jaxlib_meets_the_rule_and_hints_keep_
 @pytest.mark.parametrize("rows,casting,offset", [(8192, "llama", 0.0), (8192, "gemma", 1.0), (16384, "gemma", 1.0)])
 def test_gpu_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(rows, casting, offset):
     """8192 rows of 5120 columns (a differing reduction order shows in a few rows only), and gemma's tile for many
-    rows. Broken variant: the fused add on the resident tile the forward took before, whose y differs from
-    ``rms_norm(h)``'s."""
+    rows (on an H200 the resident tile for Llama's product and Gemma's many rows: ``FWD_FFI_TWO_PASS_BY_MODEL``).
+    Broken variant: the fused add on the other kind of tile (the resident one the forward took before, or on an
+    H200 the H100's two passes), whose y differs from ``rms_norm(h)``'s."""
     x, w, _ = jax_inputs((rows, 5120), jnp.bfloat16, offset, seed=11)
     r = jax_inputs((rows, 5120), jnp.bfloat16, offset, seed=12)[0]
     mode = dict(offset=offset, casting=casting)
     y, h = pn.rms_norm_add(x, r, w, **mode)
     np.testing.assert_array_equal(bits(y), bits(pn.rms_norm(h, w, **mode)))
-    y_broken, h = pn.rms_norm_add(x, r, w, impl="pallas", config=Config(1, 8192, 8), **mode)
+    tile = pallas_config.heuristic(rows, 5120, backward=False, fused=True, product_in_dtype=casting != "gemma")
+    broken = Config(1, 4096, 16, programs=rows, ffi_launch=True, l1_hints=True) if tile.resident(5120) else Config(
+        1, 8192, 8)
+    y_broken, h = pn.rms_norm_add(x, r, w, impl="pallas", config=broken, **mode)
     assert not np.array_equal(bits(y_broken), bits(pn.rms_norm(h, w, **mode)))
 
 
@@ -261,17 +265,19 @@ def _ptx(monkeypatch, call) -> str:
                                                         ((1001, 5120), torch.float16, "gemma", 1.0)], ids=str)
 def test_gpu_triton_two_pass_meets_the_rule_and_its_loads_carry_the_hints(shape, dtype, casting, offset,
                                                                            monkeypatch):
-    """``backend="triton"`` at 5120 columns takes the two-pass kernel, meets the accuracy rule (with the backward) and
-    gives the run-time walk's bits; its PTX loads with L1's ``evict_last`` and ``evict_first``. Broken variant: the
-    run-time walk's PTX carries neither."""
+    """``backend="triton"`` at 5120 columns (the two-pass kernel, on an H200 the resident one for Llama's product)
+    meets the accuracy rule (with the backward); the two-pass kernel (the H100's tile) gives the run-time walk's
+    bits, and its PTX loads with L1's ``evict_last`` and ``evict_first``. Broken variant: the run-time walk's PTX
+    carries neither."""
     from helpers import check_case
 
     triton_config, triton_kernels = _triton()
     check_case(shape, dtype, casting, offset)
     x, w, _ = torch_inputs(shape, dtype, offset, seed=8)
     config = triton_config.forward_config(shape[1], 132, 2, casting != "gemma")
+    assert config.chunked(shape[1])
     mode = dict(offset=offset, casting=casting)
-    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, **mode)
+    y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=config, **mode)
     walk = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=dataclasses.replace(config, l1_hints=False), **mode)
     for a, b in zip((y, rstd), walk):
         np.testing.assert_array_equal(bits(a), bits(b))
@@ -286,16 +292,22 @@ def test_gpu_triton_two_pass_meets_the_rule_and_its_loads_carry_the_hints(shape,
 @hopper
 @pytest.mark.parametrize("rows,casting,offset", [(8192, "llama", 0.0), (8192, "gemma", 1.0), (16384, "gemma", 1.0)])
 def test_gpu_triton_two_pass_fused_add_y_is_rms_norm_of_h_bit_for_bit(rows, casting, offset):
-    """8192 rows of 5120 columns through ``backend="triton"``'s heuristic, and gemma's tile for many rows. Broken
-    variant: the fused add on the resident tile the reference took before, whose y differs from ``rms_norm(h)``'s."""
+    """8192 rows of 5120 columns through ``backend="triton"``'s heuristic, and gemma's tile for many rows (on an
+    H200 resident for Llama's product and Gemma's many rows). Broken variant: the fused add on the other kind of
+    tile (the resident one the reference took before; on an H200 the H100's two passes), whose y differs from
+    ``rms_norm(h)``'s."""
+    from torch_bridge import triton_launch
+
     triton_config, triton_kernels = _triton()
     x, w, _ = torch_inputs((rows, 5120), torch.bfloat16, offset, seed=11)
     r = torch_inputs((rows, 5120), torch.bfloat16, seed=12)[0]
     mode = dict(offset=offset, casting=casting)
     y, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, residual=r, h_dtype=x.dtype, **mode)
     np.testing.assert_array_equal(bits(y), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))
-    y_broken, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=triton_config.Config(1, 8192, 8), residual=r,
-                                                 h_dtype=x.dtype, **mode)
+    tile = triton_config.forward_config(5120, 132, 2, casting != "gemma", rows, True, triton_launch.gpu_model(x))
+    broken = triton_config.Config(1, 4096, 16, l1_hints=True) if not tile.chunked(5120) else triton_config.Config(
+        1, 8192, 8)
+    y_broken, h, _ = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=broken, residual=r, h_dtype=x.dtype, **mode)
     assert not np.array_equal(bits(y_broken), bits(triton_kernels.rms_norm_fwd(h, w, 1e-6, **mode)[0]))
 
 

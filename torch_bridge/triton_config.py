@@ -240,10 +240,11 @@ def bands_config(n: int, sms: int, *, backward: bool, min_n: int | None = None, 
 
 @functools.cache
 def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, m: int = 0,
-                   fused: bool = False) -> Config:
+                   fused: bool = False, model: str = "") -> Config:
     """The Pallas kernels' two-pass tile (``pallas_config.two_pass_tile``, ``l1_hints``) for ``m`` 16-bit rows
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
-    ``triton_product.output_in_dtype``), else the float32 product's for ``m`` rows; ``FWD_RESIDENT``'s tile for full
+    ``triton_product.output_in_dtype``), else the float32 product's for ``m`` rows (on the GPU ``model``, e.g.
+    "h200", its per-model entries, the plain forward's apart from the ``fused`` add's); ``FWD_RESIDENT``'s tile for full
     rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
     row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements
     in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over
@@ -252,7 +253,7 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     kernels' L1 hints (``l1_hints.resident``)."""
     if (bands := bands_config(n, sms, backward=False, fused=fused)) is not None:
         return bands
-    if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms):
+    if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms, fused=fused, model=model):
         return Config(1, *tile, l1_hints=True)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)

@@ -209,7 +209,8 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     fused = residual is not None
     row_dtype = h_dtype if fused else x.dtype
     low = triton_product.output_in_dtype(weight, row_dtype, offset, casting)
-    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M, fused)
+    cfg = config or triton_config.forward_config(N, triton_launch.sm_count(x), row_dtype.itemsize, low, M, fused,
+                                                   triton_launch.gpu_model(x))
     for option in ("pieces", "reload_weight"):
         if getattr(cfg, option):
             raise ValueError(f"{option} is an option of the backward, got {cfg} for the forward")

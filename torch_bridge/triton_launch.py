@@ -54,6 +54,19 @@ def sm_count(x: torch.Tensor) -> int:
     return _num_sms(x.get_device()) if x.is_cuda else 2
 
 
+@functools.lru_cache(maxsize=None)
+def _model(device_index: int) -> str:
+    from pallas_norm.backend import model_slug
+
+    return model_slug(torch.cuda.get_device_name(device_index))
+
+
+def gpu_model(x: torch.Tensor) -> str:
+    """The model of the GPU holding ``x`` (``pallas_norm.backend.model_slug``, e.g. "h200"; "" off a GPU): the key
+    of the Pallas tables' per-model entries the Triton reference reads too (``ffi_tables.two_pass_tile``)."""
+    return _model(x.get_device()) if x.is_cuda else ""
+
+
 def _hooks_set() -> bool:
     """Whether a launch hook is set (a profiler's, e.g.): Triton's own path calls them, the direct one does not.
     Triton >= 3.4 keeps them in ``HookChain`` objects, which are set when their ``calls`` list is not empty."""
