@@ -72,23 +72,25 @@ FWD_FFI_TWO_PASS = {5120: ((4096, 16), (4096, 8), (2048, 16))}
 TWO_PASS_MANY_ROWS_PER_SM = 96
 # FWD_FFI_TWO_PASS' entries on the GPU model named, where they differ (None: no two passes, the resident forward of
 # FWD_FFI_EXACT_BY_MODEL's tile). Forty-seventh session (H200, kernels timed from JAX and by the torch route, two
-# rounds; `python -m bench.ffi_launch ... --tiles R:W[:C] --routes plain,fused,torch`,
+# rounds, the slower quoted; `python -m bench.ffi_launch ... --tiles R:W[:C] --routes plain,fused,torch`,
 # probes_h200_2026-11-29_fortyseventh.md §2), plain / fused add / plain by torch, TB/s: bf16 llama, (4096, 16) → the
-# resident (1, 8) by jaxlib, 32768×5120 3.78 / 4.31 / 3.77 → 4.29 / 4.30 / 4.29, 4096×5120 3.46 / 4.10 / 3.43 → 3.92 /
-# 4.09 / 3.92 (two passes of (4096, 8) 4.25 / 4.13 / 4.25 and 3.86 / 4.02 / 3.86); fp16 llama 32768×5120 3.86 / 4.30
-# / 3.84 → 4.30 / 4.30 / 4.29, 4096×5120 3.58 / 4.09 / 3.52 → 3.92 / 4.10 / 3.92; bf16 gemma from
+# resident (1, 8) by jaxlib, 32768×5120 3.78 / 4.31 / 3.77 → 4.29 / 4.30 / 4.29, 4096×5120 3.46 / 4.09 / 3.43 → 3.92 /
+# 4.09 / 3.90 (two passes of (4096, 8) 4.25 / 4.13 / 4.25 and 3.85 / 4.00 / 3.86); fp16 llama 32768×5120 3.85 / 4.30
+# / 3.84 → 4.30 / 4.30 / 4.29, 4096×5120 3.54 / 4.09 / 3.52 → 3.92 / 4.09 / 3.92; bf16 gemma from
 # TWO_PASS_MANY_ROWS_PER_SM rows per SM, (2048, 16) → the resident (1, 8), 32768×5120 3.70 / 4.31 / 3.69 → 4.26 / 4.30
-# / 4.26 (two passes of (4096, 8) 4.27 / 4.25 / 4.26); below, (4096, 8) kept: 4096×5120 3.80 / 4.05 / 3.80 (the
-# resident (1, 8) 3.73 / 4.09 / 3.70). Mosaic GPU 4.17-4.21 and 3.61-3.74 (plain from JAX).
+# / 4.26 (two passes of (4096, 8) 4.26 / 4.25 / 4.26); below, (4096, 8) kept: 4096×5120 3.80 / 4.04 / 3.80 (the
+# resident (1, 8) 3.73 / 4.09 / 3.70). Mosaic GPU 4.17-4.21 and 3.60-3.74 (plain from JAX). float32 rows (never two
+# passes) on (1, 8), XLA's launch → jaxlib's: 32768×5120 4.01 / 4.11 / 4.27 → 4.29 / 4.26 / 4.28, 4096×5120 3.77 /
+# 3.95 / 4.01 → 4.02 / 4.15 / 4.02.
 FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, (4096, 8), None)}}
 # Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y then agrees with
 # rms_norm(h) to the accuracy rule, not bit for bit: docs/jax.md) of 16-bit rows of these lengths in two passes,
 # (chunk columns, warps), Llama's and Gemma's casting alike. Forty-seventh session (same method and file, §3), the
 # resident (1, 16) by jaxlib → two passes of (8192, 32), plain / plain by torch, TB/s: bf16 llama 16384×32768 3.99 /
-# 3.99 → 4.30 / 4.30, 8192×32768 3.97 / 3.96 → 4.26 / 4.26 (torch.compile 4.19 in the suite), 4096×32768 3.90 / 3.90
-# → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.25 / 4.24 (torch.compile 4.27), 4096×32768 3.67 / 3.67 → 4.15 /
-# 4.14; (4096, 32) 0.3-1% below, (8192, 16) 4.01 and 3.94. The fused add on two passes of (8192, 32) 3.71-3.76 against
-# 4.21-4.29 resident (its second pass re-reads x and the residual, 128 KB a row, past L1), so it keeps its tile.
+# 3.99 → 4.30 / 4.30, 8192×32768 3.96 / 3.96 → 4.26 / 4.26 (torch.compile 4.18-4.19 in the suite), 4096×32768 3.90 /
+# 3.89 → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.24 / 4.24 (torch.compile 4.26-4.27), 4096×32768 3.67 / 3.67 →
+# 4.15 / 4.14; (4096, 32) 0.3-0.9% below, (8192, 16) 3.94-4.01. The fused add on two passes of (8192, 32) 3.71-3.76
+# against 4.18-4.29 resident (its second pass re-reads x and the residual, 128 KB a row, past L1): it keeps its tile.
 FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {32768: (8192, 32)}}
 
 
