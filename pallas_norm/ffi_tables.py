@@ -48,7 +48,7 @@ FWD_FFI_RESIDENT_BY_MODEL = {"h200": {8192: (1, 8), 16384: (1, 16)}}
 # 3.41 → 3.64 / 3.95 / 3.65; on (1, 8) by torch 4.25 → 4.06 (gemma, 32768 rows), (1, 4) 4.20 / 4.28 / 4.20, (4, 8) 3.94
 # / 4.27 / 3.93 (float32 rows of 3584 untimed). Not 2304 on its (1, 4) (§4): from JAX +2 to +5% from 16384 rows, −2.3%
 # (gemma) at 4096; by torch 0 to −2.7%; the fused add +1.7 to +3.8%.
-# Forty-seventh session: 5120 on (1, 8) where FWD_FFI_TWO_PASS_BY_MODEL leaves it resident (Llama's casting; below).
+# Forty-seventh session: 5120 on (1, 8) where FWD_FFI_TWO_PASS_BY_MODEL leaves it resident (its note, below).
 FWD_FFI_EXACT_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {3584: (2, 8), 4096: (1, 8), 5120: (1, 8)}}
 # The forward (plain and fused add: one tile, so the fused add's y is rms_norm(h)'s bits) of 16-bit rows of these
 # widths in two passes over column chunks, one row per program, launched by jaxlib's Triton call, with L1 hints
@@ -83,8 +83,8 @@ TWO_PASS_MANY_ROWS_PER_SM = 96
 # passes) on (1, 8), XLA's launch → jaxlib's: 32768×5120 4.01 / 4.11 / 4.27 → 4.29 / 4.26 / 4.28, 4096×5120 3.77 /
 # 3.95 / 4.01 → 4.02 / 4.15 / 4.02.
 FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, (4096, 8), None)}}
-# Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y then agrees with
-# rms_norm(h) to the accuracy rule, not bit for bit: docs/jax.md) of 16-bit rows of these lengths in two passes,
+# Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y is then within two
+# ulps of rms_norm(h)'s, not its bits: docs/jax.md) of 16-bit rows of these lengths in two passes,
 # (chunk columns, warps), Llama's and Gemma's casting alike. Forty-seventh session (same method and file, §3), the
 # resident (1, 16) by jaxlib → two passes of (8192, 32), plain / plain by torch, TB/s: bf16 llama 16384×32768 3.99 /
 # 3.99 → 4.30 / 4.30, 8192×32768 3.96 / 3.96 → 4.26 / 4.26 (torch.compile 4.18-4.19 in the suite), 4096×32768 3.90 /
