@@ -7,7 +7,8 @@ whether the torch launch route (``backend="pallas"``) gives ``impl=None``'s bits
 Routes: ``plain`` ``rms_norm`` from JAX (2·M·N·s bytes), ``fused`` the fused add's forward ``rms_norm_add`` from JAX
 (4·M·N·s: x and residual in, y and h out), ``torch`` the plain forward of the same config by the torch launch route
 (``launch_route.forward_launcher``, which launches XLA's binary with the driver's carveout, or the ``triton``
-package's where the config asks for jaxlib's launch; Mosaic GPU's variant is not run there). A tile that serves
+package's where the config asks for jaxlib's launch; Mosaic GPU's variant: its module on the heuristic's
+``MosaicConfig``, compiled by Mosaic GPU's runtime, as ``impl=None`` runs it where it lowers there). A tile that serves
 JAX well can lose the torch route (probes_h200_2026-11-29_fortysixth.md §2-3), so the tables need all three.
 
 Every variant is timed by its kernels' durations over rotated inputs (``timing.time_kernels``, the suite's method), in
@@ -76,20 +77,21 @@ def _torch_route_bits(m: int, n: int, x, w, offset: float, casting: str) -> bool
 
 
 def _timer(route: str, kw: dict, m: int, n: int, sets: list, tsets: list, offset: float, casting: str):
-    """A zero-argument callable timing ``route`` of one variant over the rotated sets (seconds per call), or None
-    where the route does not run it (Mosaic GPU by torch)."""
+    """A zero-argument callable timing ``route`` of one variant over the rotated sets (seconds per call)."""
     import jax
 
     import pallas_norm
+    from pallas_norm import mosaic_config
     from torch_bridge import launch_route
 
     args = dict(eps=timing.EPS, offset=offset, casting=casting, **kw)
     if route == "torch":
-        if kw["impl"] == "mosaic":
-            return None
         x, w = tsets[0][:2]
+        config = kw.get("config")
+        if kw["impl"] == "mosaic":  # a MosaicConfig makes the route's lowering Mosaic GPU's (auto.lowering)
+            config = mosaic_config.heuristic(m, n, backward=False, itemsize=x.element_size())
         launcher = launch_route.forward_launcher(m, n, x.dtype, w.dtype, timing.EPS, offset, casting, x.get_device(),
-                                                 kw.get("config"))
+                                                 config)
         return lambda: timing.time_sets(lambda a, b, _: launcher(a, b), tsets)
     if route == "fused":
         f = jax.jit(lambda ss: [pallas_norm.rms_norm_add(x, r, w, **args) for x, w, r in ss])
@@ -145,7 +147,7 @@ def markdown(result: dict) -> str:
            "the triton package and launched by jaxlib's Triton call (`Config.ffi_launch`). `torch route = JAX`: the "
            "torch launch route's forward gives `impl=None`'s bits. Routes: `plain` rms_norm from JAX (2·M·N·s bytes), "
            "`fused` rms_norm_add's forward from JAX (4·M·N·s), `torch` the plain forward by the torch launch route "
-           "(`err`: not run there)."]
+           "(Mosaic GPU's on its heuristic's config; `err`: it failed there)."]
     for route in [r for r in ROUTES if r in groups]:
         shapes = groups[route]
         names = list(next(iter(shapes.values())))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bench import timing
+from pallas_norm.mosaic_config import MosaicConfig
 
 from test_bench import ENV
 
@@ -94,8 +95,8 @@ def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bit
 def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
     """``bench.ffi_launch``'s routes: ``plain`` and ``fused`` run ``rms_norm`` / ``rms_norm_add`` from JAX (here on
     CPU, Gemma's casting) and ``torch`` the launch route's forward of the variant's config, each over every rotated
-    set; the torch route does not run Mosaic GPU's variant ("err" in its table). TB/s count 2 and 4 elements moved
-    per element. The broken variant (the fused add counted with the plain forward's bytes) fails the check."""
+    set; the torch route runs Mosaic GPU's variant on the heuristic's ``MosaicConfig``. TB/s count 2 and 4 elements
+    moved per element. The broken variant (the fused add counted with the plain forward's bytes) fails the check."""
     import jax.numpy as jnp
 
     from bench import ffi_launch, providers
@@ -115,7 +116,9 @@ def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
     monkeypatch.setattr(timing, "inputs", fake_inputs)
     monkeypatch.setattr(timing, "environment", lambda **kw: {**ENV, **kw})
     monkeypatch.setattr(providers, "jax_owned", lambda t: jnp.asarray(t.numpy()))
-    monkeypatch.setattr(launch_route, "forward_launcher", lambda *a: lambda x, w: (x * w, None))
+    configs = []
+    monkeypatch.setattr(launch_route, "forward_launcher",
+                        lambda *a: configs.append(a[8]) or (lambda x, w: (x * w, None)))
     monkeypatch.setattr(ffi_launch, "_torch_route_bits", lambda *a: True)
     variants = ffi_launch._variants  # the Pallas configs through the interpreter on CPU
     monkeypatch.setattr(ffi_launch, "_variants", lambda n, tiles: {
@@ -124,7 +127,7 @@ def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
     def consistent(result) -> bool:
         tbps = {(r["variant"], r["route"], r["round"]): r["tbps"] for r in result["rows"]}
         mib = 8 * 256 * 4 / 1e-3 / 1e12  # one element of each row moved once, float32, per 1 ms
-        return (tbps["mosaic", "torch", 0] is None and tbps["(1, 1) jaxlib", "plain", 1] == 2 * mib
+        return (tbps["mosaic", "torch", 0] == 2 * mib and tbps["(1, 1) jaxlib", "plain", 1] == 2 * mib
                 and tbps["(1, 1) XLA", "fused", 0] == 4 * mib and tbps["impl=None", "torch", 1] == 2 * mib)
 
     run = lambda: ffi_launch.run(((8, 256),), ((1, 1), (1, 1, 128)), "gemma", "float32",  # noqa: E731
@@ -132,10 +135,11 @@ def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
     result = run()
     assert len(result["rows"]) == 6 * 3 * 2 and consistent(result)
     assert all(r["tbps"] for r in result["rows"] if r["variant"].startswith("(1, 1, 128)"))  # two passes ran
+    assert sum(isinstance(c, MosaicConfig) for c in configs) == 2 and None in configs  # Mosaic's, impl=None's
     assert set(seen) == {timing.rotations(8 * 256 * 4 * 4)}
     text = ffi_launch.markdown(result)
     assert all(f"## {route}" in text for route in ffi_launch.ROUTES) and "casting=gemma" in text
-    assert "| err |" in text.split("## torch")[1]
+    assert "err" not in text.split("## torch")[1]  # every variant by torch, Mosaic GPU's too
     monkeypatch.setitem(ffi_launch.BYTES, "fused", 2)
     assert not consistent(run())
 
