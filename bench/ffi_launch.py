@@ -50,12 +50,13 @@ def _variants(n: int, tiles=TILES) -> dict[str, dict]:
     from pallas_norm import l1_hints
     from pallas_norm.pallas_config import Config
 
-    out = {}
+    out, n_pad = {}, next_pow2(n)
     for rows, warps, *chunk in tiles:
-        cols = min(chunk[0], next_pow2(n)) if chunk else next_pow2(n)
-        hints = l1_hints.resident(cols) if cols == next_pow2(n) else True
-        programs = None if cols == next_pow2(n) else 1 << 30  # fit() clamps it to the row blocks
-        tile = f"({rows}, {warps}{f', {cols}' if cols < next_pow2(n) else ''})"
+        cols = min(chunk[0], n_pad) if chunk else n_pad
+        resident = cols == n_pad
+        hints = l1_hints.resident(cols) if resident else True
+        programs = None if resident else 1 << 30  # fit() clamps it to the row blocks
+        tile = f"({rows}, {warps})" if resident else f"({rows}, {warps}, {cols})"
         for ffi in (False, True):
             cfg = Config(rows, cols, warps, programs=programs, ffi_launch=ffi, l1_hints=hints)
             out[f"{tile} {'jaxlib' if ffi else 'XLA'}"] = dict(impl="pallas", config=cfg)
@@ -119,7 +120,7 @@ def run(shapes=SHAPES, tiles=TILES, casting: str = "llama", dtype: str = "bfloat
                 for route in routes:
                     try:
                         timer = _timer(route, variants[name], m, n, sets, tsets, offset, casting)
-                        tbps = None if timer is None else BYTES[route] * m * n * size / timer() / 1e12
+                        tbps = BYTES[route] * m * n * size / timer() / 1e12
                     except Exception as err:  # noqa: BLE001 - a variant that cannot run here is recorded, not fatal
                         tbps = None
                         print(m, n, name, route, "failed:", type(err).__name__, str(err)[:200], flush=True)
