@@ -19,6 +19,12 @@ from pallas_norm.pallas_config import Config
 from helpers import bits, jax_inputs
 
 
+def forward_tiles(shapes) -> dict:
+    """The heuristic's forward config per key ``(m, n, fused, product_in_dtype[, itemsize])`` (itemsize 2 if absent)."""
+    return {k: pallas_config.heuristic(k[0], k[1], backward=False, fused=k[2], product_in_dtype=k[3],
+                                       itemsize=k[4] if len(k) > 4 else 2) for k in shapes}
+
+
 def test_heuristic_and_auto_take_the_ffi_launch_only_where_available(monkeypatch):
     """Full rows of the table's padded lengths, the forward (plain and fused add, one tile, with the resident L1
     hints: ``test_two_pass.py``), and the backward of 16-bit rows of exactly 16384 (``BWD_FFI_HELD``: held on one
@@ -102,18 +108,14 @@ def test_h200_launches_the_forward_of_rows_of_exactly_3584_and_4096_by_jaxlib_on
     shapes = [(m, n, f, p) for m in (64, 4096, 32768) for n in (2304, 3584, 4096) for f in (False, True)
               for p in (False, True)]
 
-    def tiles() -> dict:
-        return {s: pallas_config.heuristic(s[0], s[1], backward=False, fused=s[2], product_in_dtype=s[3])
-                for s in shapes}
-
-    h100 = tiles()
+    h100 = forward_tiles(shapes)
     h100_4096 = {(c.block_rows, c.num_warps, c.ffi_launch) for s, c in h100.items() if s[1] == 4096}
     assert h100_4096 == {(2, 16, False), (1, 16, False)}  # the fused add's tile holds a row
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
-    h200 = tiles()
+    h200 = forward_tiles(shapes)
     with monkeypatch.context() as broken:
         broken.setattr(pallas_config, "FWD_FFI_EXACT_BY_MODEL", {})
-        without = tiles()
+        without = forward_tiles(shapes)
     assert without[32768, 4096, False, True] == h100[32768, 4096, False, True]
     for (m, n, fused, product), config in h200.items():
         one_warp = pallas_config.one_warp_forward(m, n, 2, product)
@@ -163,13 +165,9 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     shapes = [(m, n, f, p, s) for m in (4096, 32768) for n in (5120, 32768) for f in (False, True)
               for p in (False, True) for s in (2, 4)]
 
-    def tiles() -> dict:
-        return {k: pallas_config.heuristic(k[0], k[1], backward=False, fused=k[2], product_in_dtype=k[3], itemsize=k[4])
-                for k in shapes}
-
-    h100 = tiles()
+    h100 = forward_tiles(shapes)
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
-    h200 = tiles()
+    h200 = forward_tiles(shapes)
     for (m, n, fused, product, size), config in h200.items():
         got = (config.block_rows, config.block_cols, config.num_warps, config.ffi_launch, config.l1_hints)
         if n == 5120:
@@ -183,7 +181,7 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     with monkeypatch.context() as broken:
         broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_BY_MODEL", {})
         broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_PLAIN_BY_MODEL", {})
-        without = tiles()
+        without = forward_tiles(shapes)
     key = (32768, 5120, False, True, 2)
     assert without[key] == h100[key] != h200[key]
     assert without[4096, 32768, False, True, 2] == without[4096, 32768, True, True, 2]  # one tile
