@@ -141,8 +141,9 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     """One forward launch on 2-D ``x2`` by ``impl`` (the XLA path, the Pallas kernels or the Mosaic kernels)."""
     m, n = x2.shape
     dt = jnp.dtype(h_dtype or x2.dtype)  # the rows normalised: the fused add's tile is rms_norm(h)'s (its y's bits)
+    low = kernels.product_in_dtype(None if weight is None else weight.dtype, dt, casting, offset)
     if impl == "auto":
-        impl = auto.lowering(False, n, config, itemsize=dt.itemsize)
+        impl = auto.lowering(False, n, config, m=m, itemsize=dt.itemsize, product_in_dtype=low)
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
         return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)
@@ -152,7 +153,6 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     if _is_mosaic(impl):
         return mosaic.forward(x2, weight, eps=eps, offset=offset, casting=casting, config=config,
                               interpret=impl == "mosaic_interpret", **fused)
-    low = kernels.product_in_dtype(None if weight is None else weight.dtype, dt, casting, offset)
     config = pallas_config.fit(config, m, n, backward=False, fused=residual is not None, itemsize=dt.itemsize,
                                product_in_dtype=low)
     launch = bands.forward if config.lag else kernels.forward

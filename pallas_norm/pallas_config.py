@@ -14,7 +14,7 @@ from .band_tables import BANDS_MIN_COLS, band_grid
 from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
                          BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS,
                          FWD_FFI_EXACT_BY_MODEL, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS,
-                         two_pass_tile)
+                         FWD_FFI_XLA_TILE_BY_MODEL, two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -65,13 +65,18 @@ def ffi_forward(n: int) -> bool:
     return _ffi(n, FWD_FFI_RESIDENT) or (n in this_model(FWD_FFI_EXACT_BY_MODEL) and _available())
 
 
-def ffi_xla_tile(m: int, n: int) -> bool:
-    """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` columns is launched by jaxlib's Triton
-    call on its XLA tile: ``FWD_FFI_FEW_ROWS`` (full rows of those padded lengths, at most that many rows per SM) or
-    ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names), where ``triton_ffi.available()``."""
-    n_pad = next_pow2(n)
-    few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
-    return (few or n_pad in this_model(FWD_FFI_ALL_ROWS)) and _available()
+def ffi_xla_tile(m: int, n: int, itemsize: int = 2, product_in_dtype: bool = True) -> bool:
+    """Whether the resident forward (plain or fused add) of ``m`` rows of ``n`` ``itemsize``-byte columns is launched
+    by jaxlib's Triton call on its XLA tile: ``FWD_FFI_FEW_ROWS`` (full rows of those padded lengths, at most that many
+    rows per SM), ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names) or
+    ``FWD_FFI_XLA_TILE_BY_MODEL`` (16-bit rows of those widths from its rows per SM for the weight's product in the
+    row's dtype, ``product_in_dtype``, or in float32), where ``triton_ffi.available()``."""
+    n_pad, sms = next_pow2(n), backend.num_sms()
+    few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * sms
+    low, f32 = this_model(FWD_FFI_XLA_TILE_BY_MODEL).get(n, (None, None)) if itemsize == 2 else (None, None)
+    least = low if product_in_dtype else f32
+    many = least is not None and m >= least * sms
+    return (few or many or n_pad in this_model(FWD_FFI_ALL_ROWS)) and _available()
 
 
 def one_warp_forward(m: int, n: int, itemsize: int = 2, product_in_dtype: bool = True) -> bool:
@@ -230,8 +235,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
             warps = min(16, max(1, block_rows * n_pad // FWD_ELEMS_PER_WARP))
         if one_warp_forward(m, n, itemsize, product_in_dtype):
             block_rows, warps = 1, 1
-        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi_xla_tile(m, n), l1_hints=hints), m, n,
-                   backward=False)
+        ffi = ffi_xla_tile(m, n, itemsize, product_in_dtype)
+        return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi, l1_hints=hints), m, n, backward=False)
     pieces, ffi = n in BWD_PIECES, held or ffi_backward(n, m)
     if pieces:
         (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False

@@ -220,24 +220,29 @@ def test_gpu_fused_add_y_is_rms_norm_of_h_bit_for_bit(n):
 
 @gpu
 @hopper
-@pytest.mark.parametrize("m,n", [(4096, 1024), (32768, 1024), (8192, 2048)])
-def test_gpu_xla_tile_fused_add_keeps_rms_norm_s_rstd_bits(m, n):
+@pytest.mark.parametrize("m,n,casting", [(4096, 1024, "llama"), (32768, 1024, "llama"), (8192, 2048, "llama"),
+                                          (32768, 2304, "llama"), (32768, 2304, "gemma"), (4096, 5376, "llama"),
+                                          (8192, 6144, "gemma")])
+def test_gpu_xla_tile_fused_add_keeps_rms_norm_s_rstd_bits(m, n, casting):
     """Where both forwards are launched by jaxlib on XLA's tiles (``FWD_FFI_FEW_ROWS`` at 4096×1024; on an H200
-    ``FWD_FFI_ALL_ROWS`` at the others): the fused add's rstd (which its backward's dweight is built on) is
-    ``rms_norm(h)``'s bits, and its y. Broken variant: the fused add's forward launched by XLA (XLA's Triton sums a
-    thread's elements in another order), whose rstd bits differ."""
+    ``FWD_FFI_ALL_ROWS`` at 1024-2048 columns, ``FWD_FFI_XLA_TILE_BY_MODEL`` at 2304-6144 per casting): the fused
+    add's rstd (which its backward's dweight is built on) is ``rms_norm(h)``'s bits, and its y. Broken variant: the
+    fused add's forward launched by XLA (XLA's Triton sums a thread's elements in another order), whose rstd bits
+    differ."""
     from pallas_norm import api
 
-    x, w, _ = jax_inputs((m, n), jnp.bfloat16, seed=21)
+    offset = 1.0 if casting == "gemma" else 0.0
+    x, w, _ = jax_inputs((m, n), jnp.bfloat16, offset, seed=21)
     r = jax_inputs((m, n), jnp.bfloat16, seed=22)[0]
-    plain, fused = (pallas_config.heuristic(m, n, backward=False, fused=f) for f in (False, True))
+    low = casting == "llama"  # kernels.product_in_dtype of a bf16 weight
+    plain, fused = (pallas_config.heuristic(m, n, backward=False, fused=f, product_in_dtype=low) for f in (False, True))
     if (m, n) != (4096, 1024) and not plain.ffi_launch:
-        pytest.skip("XLA launches this forward on this GPU model (ffi_tables.FWD_FFI_ALL_ROWS)")
+        pytest.skip("XLA launches this forward on this GPU model (ffi_tables.FWD_FFI_ALL_ROWS, _XLA_TILE_BY_MODEL)")
     assert plain.ffi_launch and fused.ffi_launch
-    y, h, rstd = api.forward_fn(1e-6, 0.0, "llama", "auto", None, jnp.bfloat16)(x, r, w)
-    y_h, rstd_h = api.forward_fn(1e-6, 0.0, "llama", "auto")(h, w)
+    y, h, rstd = api.forward_fn(1e-6, offset, casting, "auto", None, jnp.bfloat16)(x, r, w)
+    y_h, rstd_h = api.forward_fn(1e-6, offset, casting, "auto")(h, w)
     np.testing.assert_array_equal(bits(rstd), bits(rstd_h))
     np.testing.assert_array_equal(bits(y), bits(y_h))
     xla = dataclasses.replace(fused, ffi_launch=False)
-    rstd_xla = api.forward_fn(1e-6, 0.0, "llama", "pallas", xla, jnp.bfloat16)(x, r, w)[2]
+    rstd_xla = api.forward_fn(1e-6, offset, casting, "pallas", xla, jnp.bfloat16)(x, r, w)[2]
     assert not np.array_equal(bits(rstd_xla), bits(rstd_h))
