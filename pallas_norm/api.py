@@ -143,7 +143,8 @@ def _forward_2d(x2, weight, *, eps, offset, casting, impl, config, residual=None
     dt = jnp.dtype(h_dtype or x2.dtype)  # the rows normalised: the fused add's tile is rms_norm(h)'s (its y's bits)
     low = kernels.product_in_dtype(None if weight is None else weight.dtype, dt, casting, offset)
     if impl == "auto":
-        impl = auto.lowering(False, n, config, m=m, itemsize=dt.itemsize, product_in_dtype=low)
+        f32 = weight is not None and not low  # the weight's product taken in float32
+        impl = auto.lowering(False, n, config, m=m, itemsize=dt.itemsize, float32_product=f32)
     fused = dict(residual=residual, h_dtype=h_dtype) if residual is not None else {}
     if impl == "xla":
         return xla.forward_2d(x2, weight, eps=eps, offset=offset, casting=casting, **fused)

@@ -120,31 +120,34 @@ TRITON_BWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({16384, 3276
 # Per GPU model: the forward (plain and fused add) of 16-bit rows of these widths on the Triton lowering (column bands).
 TRITON_FWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({65536, 131072})}
 # Per GPU model: the forward (plain and fused add: one lowering, so the fused add's y stays rms_norm(h)'s bits) of
-# 16-bit rows of these widths with the weight's product in float32 (Gemma's casting; not ``product_in_dtype``) on
-# Mosaic GPU, below this many rows per SM (None: every row count; from it ffi_tables.FWD_FFI_XLA_TILE_BY_MODEL's
-# jaxlib launch). Forty-eighth session (H200, bf16 and fp16 gemma, from JAX and by torch's launch route, kernels timed
-# over rotated inputs, two rounds; bench/results/probes_h200_2026-11-29_fortyeighth.md §1), impl=None → Mosaic GPU,
-# plain / fused add / by torch TB/s: 4096×2304 3.23 / 3.68 / 3.25 → 3.55 / 3.69 / 3.55, 16384×2304 3.89 / 4.08 / 4.03
-# → 4.10 / 4.11 / 4.09, 4096×2048 3.26 / 3.82 / 3.26 → 3.51 / 3.81 / 3.48, 4096×1152 2.70 / 3.43 / 2.68 → 3.03 / 3.46
-# / 2.98, 32768×4608 3.87 / 4.07 / 4.07 → 4.18 / 4.15 / 4.18, 4096×3072 3.37 / 3.75 / 3.53 → 3.66 / 3.84 / 3.69. The
-# bounds: where Mosaic GPU's plain forward stops gaining (32768×2048 −0.3%, 16384×1536 −1%) or jaxlib's launch of the
-# Triton lowering's tile takes over (32768×2304 4.19 / 4.26 / 4.19 against Mosaic GPU's 4.16 / 4.18 / 4.20). Its fused
-# add loses 1-2% at 16384-32768 rows of 1152 and 2048 rows of 2304, where the plain forward gains 3-16%. Llama's product
-# (rounded to the row's dtype before the weight) runs slower on Mosaic GPU at few rows (4096×2304 −5.5%): not taken.
+# 16-bit rows of these widths with a weight whose product is taken in float32 (Gemma's casting, or a float32 weight;
+# not ``product_in_dtype``) on Mosaic GPU, below this many rows per SM (None: every row count; from it
+# ffi_tables.FWD_FFI_XLA_TILE_BY_MODEL's jaxlib launch). Forty-eighth session (H200, bf16 and fp16, from JAX and by
+# torch's launch route, kernels timed over rotated inputs, two rounds, the slower quoted;
+# bench/results/probes_h200_2026-11-29_fortyeighth.md §1), impl=None → Mosaic GPU, Gemma plain / fused add / by torch
+# TB/s: 4096×2304 3.23 / 3.66 / 3.25 → 3.53 / 3.69 / 3.53, 16384×2304 3.88 / 4.08 / 4.03 → 4.10 / 4.11 / 4.09,
+# 4096×2048 3.26 / 3.82 / 3.25 → 3.50 / 3.81 / 3.47, 4096×1152 2.69 / 3.43 / 2.67 → 3.02 / 3.46 / 2.97, 32768×4608
+# 3.87 / 4.07 / 4.07 → 4.18 / 4.15 / 4.17, 4096×3072 3.35 / 3.75 / 3.53 → 3.64 / 3.81 / 3.67. The bounds: where
+# Mosaic GPU's plain forward stops gaining (32768×2048 −0.3%, 16384×1536 −0.6%) or jaxlib's launch of the Triton
+# lowering's tile takes over (32768×2304 4.19 / 4.26 / 4.19 against Mosaic GPU's 4.16 / 4.18 / 4.19). Its fused add
+# loses 1.4-2.1% at 16384-32768 rows of 1152 and 2048 rows of 2304, where the plain forward gains 3-16%. Llama's casting
+# with a float32 weight gains alike (plain, +0.2% at 4096×1536 to +18% at 32768×4608); without a weight (no product)
+# Mosaic GPU loses 0.3-2.9% but at 1152, and Llama's product in the row's dtype at few rows (4096×2304 −5.5%): not
+# taken.
 MOSAIC_FWD_F32_BY_MODEL: dict[str, dict[int, int | None]] = {"h200": {
     1152: None, 1536: 32, 2048: 64, 2304: 128, 2560: 128, 3072: 64, 4608: None}}
 
 
 def lowering(backward: bool, n: int, config: object = None, *, m: int | None = None,
-             itemsize: int | None = None, product_in_dtype: bool = True) -> str:
+             itemsize: int | None = None, float32_product: bool = False) -> str:
     """``"pallas"`` or ``"mosaic"`` for one launch of ``m`` (when known) rows of ``n`` ``itemsize``-byte (when known)
     columns. A backward of at most ``pallas_config.ONE_PROGRAM_ELEMS`` elements takes the Triton lowering, which runs
     it as one launch (one program storing dweight; Mosaic's is two: its kernel and the partials' reduction): such
     calls are host-bound. So does a backward the Triton lowering holds whole (``ffi_held``) of at most
     ``HELD_BWD_MAX_ROWS_PER_SM`` rows per SM, and on the GPU model ``TRITON_BWD_BY_MODEL`` (``TRITON_FWD_BY_MODEL``)
     names, the backward (forward) of 16-bit rows of its widths at every row count. On the GPU model
-    ``MOSAIC_FWD_F32_BY_MODEL`` names, the forward of 16-bit rows of its widths whose weight's product is in float32
-    (not ``product_in_dtype``) runs on Mosaic GPU below its rows per SM."""
+    ``MOSAIC_FWD_F32_BY_MODEL`` names, the forward of 16-bit rows of its widths with a weight whose product is taken
+    in float32 (``float32_product``: not ``kernels.product_in_dtype``) runs on Mosaic GPU below its rows per SM."""
     if config is not None:
         return "mosaic" if isinstance(config, MosaicConfig) else "pallas"
     if n % MOSAIC_ALIGN or not backend.mosaic_capable():
@@ -162,7 +165,7 @@ def lowering(backward: bool, n: int, config: object = None, *, m: int | None = N
         lo, hi = MOSAIC_FWD_COLS
         wide = itemsize == 2 and n in this_model(TRITON_FWD_BY_MODEL)
         mosaic = (lo < n <= hi and not ffi_forward(n) and not wide) or (
-            itemsize == 2 and not product_in_dtype and _below(this_model(MOSAIC_FWD_F32_BY_MODEL), n, m))
+            itemsize == 2 and float32_product and _below(this_model(MOSAIC_FWD_F32_BY_MODEL), n, m))
     return "mosaic" if mosaic else "pallas"
 
 

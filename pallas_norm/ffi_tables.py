@@ -166,18 +166,18 @@ FWD_FFI_FEW_ROWS = {1024: 32}
 # carveout otherwise, lost 4% in the suite (4096×4096 3.79 → 3.62, 32768×4096 4.27 → 4.11; the fused add from JAX
 # gained 3%). The H100 keeps FWD_FFI_FEW_ROWS alone (its plain forward lost ~1% beyond one wave this way).
 FWD_FFI_ALL_ROWS: dict[str, frozenset[int]] = {"h200": frozenset({128, 256, 512, 1024, 2048})}
-# Per GPU model: 16-bit rows of these exact widths (padded to 4096 or 8192) whose resident forward (plain and fused
-# add) jaxlib's Triton call launches on the heuristic's tile ((1, 4) / (1, 8)) from this many rows per SM: (the
-# weight's product in the row's dtype (Llama's casting), in float32 (Gemma's)); None: never (Gemma's takes Mosaic GPU
-# there: auto.MOSAIC_FWD_F32_BY_MODEL). Forty-eighth session (H200, bf16, from JAX and by torch's launch route, kernels
-# timed over rotated inputs, two rounds; probes_h200_2026-11-29_fortyeighth.md §2), XLA's launch → jaxlib's, plain /
-# fused add / by torch TB/s, Llama: 32768×6144 4.07 / 4.07 / 4.30 → 4.30 / 4.30 / 4.30, 4096×6144 3.83 / 3.91 / 3.96
-# → 3.96 / 4.14 / 3.95, 32768×5376 4.06 / 4.09 / 4.29 → 4.30 / 4.30 / 4.29, 32768×3072 4.11 / 4.10 / 4.22 → 4.22 /
-# 4.27 / 4.22, 4096×3072 3.56 / 3.81 / 3.66 → 3.65 / 3.96 / 3.64; Gemma: 32768×5376 3.95 / 4.08 / 4.26 → 4.26 / 4.28
-# / 4.25, 4096×5376 3.68 / 3.90 / 3.78 → 3.75 / 4.07 / 3.72, 32768×2304 3.98 / 4.15 / 4.20 → 4.19 / 4.26 / 4.19. The
-# torch route launched XLA's binary at the driver's carveout already: level (−0.3 to +0.8%) but at few rows of 2304
-# and Gemma's 2560 (8192×2304 Llama −1.7%, 4096×2560 Gemma −3.9%: the bounds). Not 3840: jaxlib's compile of its
-# (2, 16) loses 2% from JAX and 7% by torch.
+# Per GPU model: 16-bit rows of these exact widths (padded to 4096 or 8192) whose resident forward (plain and fused add)
+# jaxlib's Triton call launches on the heuristic's tile ((1, 4) / (1, 8)) from this many rows per SM: (the weight's
+# product in the row's dtype (Llama's casting), in float32 (Gemma's)); None: never (Gemma's takes Mosaic GPU there:
+# auto.MOSAIC_FWD_F32_BY_MODEL). Forty-eighth session (H200, bf16, from JAX and by torch's launch route, kernels timed
+# over rotated inputs, two rounds, the slower quoted; probes_h200_2026-11-29_fortyeighth.md §2), XLA's launch →
+# jaxlib's, plain / fused add / by torch TB/s, Llama: 32768×6144 4.07 / 4.07 / 4.29 → 4.30 / 4.30 / 4.30, 4096×6144 3.82
+# / 3.91 / 3.96 → 3.95 / 4.14 / 3.95, 32768×5376 4.06 / 4.08 / 4.29 → 4.30 / 4.30 / 4.29, 32768×3072 4.09 / 4.10 / 4.22
+# → 4.22 / 4.27 / 4.22, 4096×3072 3.54 / 3.81 / 3.66 → 3.65 / 3.96 / 3.63; Gemma: 32768×5376 3.95 / 4.08 / 4.26 → 4.26 /
+# 4.28 / 4.25, 4096×5376 3.67 / 3.90 / 3.78 → 3.74 / 4.06 / 3.72, 32768×2304 3.98 / 4.14 / 4.20 → 4.19 / 4.26 / 4.19.
+# The torch route launched XLA's binary at the driver's carveout already: level (within 1%) but at few rows of 2304 and
+# Gemma's 2560 (8192×2304 Llama −1.6%, 4096×2560 Gemma −3.7%: the bounds). Not 3840: jaxlib's compile of its (2, 16)
+# loses 1.6% from JAX and 6.7% by torch.
 FWD_FFI_XLA_TILE_BY_MODEL: dict[str, dict[int, tuple[int | None, int | None]]] = {"h200": {
     2304: (96, 128), 2560: (0, 128), 3072: (0, 64), 4608: (0, None), 5376: (0, 0), 6144: (0, 0)}}
 # The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
