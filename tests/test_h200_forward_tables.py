@@ -42,8 +42,9 @@ def test_h200_launches_the_forward_of_rows_of_exactly_3584_and_4096_by_jaxlib_on
     """``FWD_FFI_EXACT_BY_MODEL``: on an H200 the forward of rows of exactly 4096 columns (plain and fused add alike,
     Llama's and Gemma's products, any row count) runs a row per 8-warp program launched by jaxlib, where the H100 runs
     2 rows (the fused add 1) on 16 warps launched by XLA; of exactly 3584 two rows per 8-warp program, but where
-    ``FWD_ONE_WARP`` takes Llama's many rows; 2304, which pads to 4096 too, keeps its tile. The broken variant: an
-    empty table gives the H200's tiles without it; nothing changes without ``available()``."""
+    ``FWD_ONE_WARP`` takes Llama's many rows; 2304, which pads to 4096 too, keeps its tile (its launch: the last
+    test). The broken variant: an empty table gives the H200's tiles without it; nothing changes without
+    ``available()``."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n, f, p) for m in (64, 4096, 32768) for n in (2304, 3584, 4096) for f in (False, True)
