@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import pallas_norm as pn
-from pallas_norm import pallas_config, triton_ffi
+from pallas_norm import kernels, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
 
 from helpers import bits, check_jax, h100_forward_ttir, hopper, jax_inputs, torch_inputs
@@ -234,7 +234,7 @@ def test_gpu_xla_tile_fused_add_keeps_rms_norm_s_rstd_bits(m, n, casting):
     offset = 1.0 if casting == "gemma" else 0.0
     x, w, _ = jax_inputs((m, n), jnp.bfloat16, offset, seed=21)
     r = jax_inputs((m, n), jnp.bfloat16, seed=22)[0]
-    low = casting == "llama"  # kernels.product_in_dtype of a bf16 weight
+    low = kernels.product_in_dtype(w.dtype, x.dtype, casting, offset)
     plain, fused = (pallas_config.heuristic(m, n, backward=False, fused=f, product_in_dtype=low) for f in (False, True))
     if (m, n) != (4096, 1024) and not plain.ffi_launch:
         pytest.skip("XLA launches this forward on this GPU model (ffi_tables.FWD_FFI_ALL_ROWS, _XLA_TILE_BY_MODEL)")
