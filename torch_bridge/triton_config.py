@@ -37,6 +37,19 @@ FWD_ADD_RESIDENT = {1024: (4, 4)}
 # (1000 or 900 of 1024) N constant changed rstd's bits in 18-25% of rows (the compiled sum differs), and the fused
 # add's y would no longer be rms_norm(h)'s bits.
 FWD_N_CONST = frozenset({1024})
+# Per GPU model, the forward (plain and fused add: one tile, so the fused add's y and rstd stay rms_norm(h)'s bits) of
+# 16-bit rows of exactly these widths held whole: (rows per program, warps, n_const), wherever two passes
+# (``pallas_config.two_pass_tile``) do not take them. The Pallas kernels compile with N constant (JAX's static
+# shapes); the reference's run-time N cost its plain forward 6-12% at 2304 and 5120. Forty-ninth session (H200, bf16,
+# launched by torch, kernels timed over rotated inputs, two rounds, the slower quoted; probes_h200_2026-11-29_
+# fortyninth.md §1), plain / fused add at 4096 and 32768 rows, heuristic → this, TB/s: llama 2304 3.15 / 3.84, 3.96 /
+# 4.25 → 3.35 / 3.84, 4.18 / 4.26; gemma 2304 2.98 / 3.73, 3.82 / 4.25 → 3.16 / 3.77, 4.17 / 4.25; gemma 5120 at
+# 32768 rows 3.79 / 4.29 → 4.26 / 4.29 (llama 3.89 → 4.27, and 3.56 → 3.84 at 4096 rows, where Gemma keeps two
+# passes); 2048 llama 3.12 → 3.32, 3.87 → 4.15, gemma 3.05 → 3.14, 3.80 → 4.11; 3584 +2-5%, 8192 +3-6%, 1024
+# llama +1-2%; every fused add within -0.3% to +2%.
+FWD_RESIDENT_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {
+    1024: (2, 4, False), 2048: (1, 4, True), 2304: (1, 4, True), 3584: (1, 4, True), 5120: (1, 8, True),
+    8192: (1, 4, False)}}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 # The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest
 # programs keeping the most row blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``),
@@ -244,7 +257,8 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     """The Pallas kernels' two-pass tile (``pallas_config.two_pass_tile``, ``l1_hints``) for ``m`` 16-bit rows
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
     ``triton_product.output_in_dtype``), else the float32 product's for ``m`` rows (on the GPU ``model``, e.g.
-    "h200", its per-model entries, the plain forward's apart from the ``fused`` add's); ``FWD_RESIDENT``'s tile for full
+    "h200", its per-model entries, the plain forward's apart from the ``fused`` add's); 16-bit rows of exactly
+    ``FWD_RESIDENT_BY_MODEL``'s widths on that ``model`` its tile (the fused add's too); ``FWD_RESIDENT``'s tile for full
     rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
     row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements
     in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over
@@ -255,6 +269,9 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
         return bands
     if tile := pallas_config.two_pass_tile(n, itemsize, low, m, sms, fused=fused, model=model):
         return Config(1, *tile, l1_hints=True)
+    if itemsize == 2 and (tile := FWD_RESIDENT_BY_MODEL.get(model, {}).get(n)):
+        block_m, warps, n_const = tile
+        return Config(block_m, next_pow2(n), warps, l1_hints=l1_hints.resident(next_pow2(n)), n_const=n_const)
     if n <= FWD_RESIDENT_MAX_N:
         block_n = next_pow2(n)
         hints = l1_hints.resident(block_n)
