@@ -39,17 +39,18 @@ FWD_ADD_RESIDENT = {1024: (4, 4)}
 FWD_N_CONST = frozenset({1024})
 # Per GPU model, the forward (plain and fused add: one tile, so the fused add's y and rstd stay rms_norm(h)'s bits) of
 # 16-bit rows of exactly these widths held whole: (rows per program, warps, n_const), wherever two passes
-# (``pallas_config.two_pass_tile``) do not take them. The Pallas kernels compile with N constant (JAX's static
-# shapes); the reference's run-time N cost its plain forward 6-12% at 2304 and 5120. Forty-ninth session (H200, bf16,
-# launched by torch, kernels timed over rotated inputs, two rounds, the slower quoted; probes_h200_2026-11-29_
-# fortyninth.md §1), plain / fused add at 4096 and 32768 rows, heuristic → this, TB/s: llama 2304 3.15 / 3.84, 3.96 /
-# 4.25 → 3.35 / 3.84, 4.18 / 4.26; gemma 2304 2.98 / 3.73, 3.82 / 4.25 → 3.16 / 3.77, 4.17 / 4.25; gemma 5120 at
-# 32768 rows 3.79 / 4.29 → 4.26 / 4.29 (llama 3.89 → 4.27, and 3.56 → 3.84 at 4096 rows, where Gemma keeps two
-# passes); 2048 llama 3.12 → 3.32, 3.87 → 4.15, gemma 3.05 → 3.14, 3.80 → 4.11; 3584 +2-5%, 8192 +3-6%, 1024
-# llama +1-2%; every fused add within -0.3% to +2%.
+# (``pallas_config.two_pass_tile``) do not take them. With N constant the padded lanes past N drop out at compile time
+# (the Pallas kernels always compile so: JAX's static shapes); at run-time N the plain forward does their math too.
+# Forty-ninth session (H200, bf16, launched by torch, kernels timed over rotated inputs, two rounds, the slower quoted;
+# probes_h200_2026-11-29_fortyninth.md §1-2), plain forward at 4096 / 32768 rows, heuristic → this, TB/s: llama 2304
+# 3.15 / 3.96 → 3.35 / 4.18, gemma 2304 2.98 / 3.82 → 3.16 / 4.17; 2048 +3-8%; 2560 +3-6%; 3584 +2-5%; 3072 0 to +6%;
+# 4608 +9-14%; 5120 +8-12% (Gemma's 4096 rows keep two passes); 5376 +7-11%; 6144 +2-6%; 7168 +10-14%; 8192
+# +4-6%; 1024 -0.3 to +1.3%; float16 at 2048-8192 alike (§3). The fused add within -1.1% (Gemma's 4096×4608 and
+# 4096×6144) to +2%. Not 1152, 1536, 3840 (within ±1.4%) or 4096 (level).
 FWD_RESIDENT_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {
-    1024: (2, 4, False), 2048: (1, 4, True), 2304: (1, 4, True), 3584: (1, 4, True), 5120: (1, 8, True),
-    8192: (1, 4, False)}}
+    1024: (2, 4, False), 2048: (1, 4, True), 2304: (1, 4, True), 2560: (1, 4, True), 3072: (1, 4, True),
+    3584: (1, 4, True), 4608: (1, 8, True), 5120: (1, 8, True), 5376: (1, 8, True), 6144: (1, 8, True),
+    7168: (1, 8, True), 8192: (1, 4, False)}}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 # The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest
 # programs keeping the most row blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``),
@@ -258,8 +259,8 @@ def forward_config(n: int, sms: int = 132, itemsize: int = 2, low: bool = True, 
     (``itemsize``) of its lengths: its first (chunk, warps) where y's product is in the row dtype (``low``:
     ``triton_product.output_in_dtype``), else the float32 product's for ``m`` rows (on the GPU ``model``, e.g.
     "h200", its per-model entries, the plain forward's apart from the ``fused`` add's); 16-bit rows of exactly
-    ``FWD_RESIDENT_BY_MODEL``'s widths on that ``model`` its tile (the fused add's too); ``FWD_RESIDENT``'s tile for full
-    rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
+    ``FWD_RESIDENT_BY_MODEL``'s widths on that ``model`` its tile (the fused add's too); ``FWD_RESIDENT``'s tile for
+    full rows of its lengths (the ``fused`` add's forward ``FWD_ADD_RESIDENT``'s where it has one; the plain forward's
     row length a compile-time constant at rows of exactly ``FWD_N_CONST``'s), else one warp per 1024 tile elements
     in the one-pass forward (4 × 16-byte loads per thread for 16-bit dtypes; at most 16 warps), one per 512 over
     column chunks (more loads in flight) for rows beyond ``FWD_RESIDENT_MAX_N``; from ``FWD_BANDS_MIN_N`` columns
