@@ -45,12 +45,13 @@ FWD_N_CONST = frozenset({1024})
 # probes_h200_2026-11-29_fortyninth.md §1-2), plain forward at 4096 / 32768 rows, heuristic → this, TB/s: llama 2304
 # 3.15 / 3.96 → 3.35 / 4.18, gemma 2304 2.98 / 3.82 → 3.16 / 4.17; 2048 +3-8%; 2560 +3-6%; 3584 +2-5%; 3072 0 to +6%;
 # 4608 +9-14%; 5120 +8-12% (Gemma's 4096 rows keep two passes); 5376 +7-11%; 6144 +2-6%; 7168 +10-14%; 8192
-# +4-6%; 1024 -0.3 to +1.3%; float16 at 2048-8192 alike (§3). The fused add within -1.1% (Gemma's 4096×4608 and
-# 4096×6144) to +2%. Not 1152, 1536, 3840 (within ±1.4%) or 4096 (level).
+# +4-6%; 12288 gemma +19-20%, llama +1-2%; 16384 gemma +5-6%, llama -0.5 to -0.3%; 1024 -0.3 to +1.3%; float16 alike at
+# 2048-16384 (§3). The fused add within -1.6% (Gemma's 4096×12288; 4096×4608 and 4096×6144 -1.1%) to +2%. Not 1152,
+# 1536, 3840 (within ±1.4%) or 4096 (level).
 FWD_RESIDENT_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {
     1024: (2, 4, False), 2048: (1, 4, True), 2304: (1, 4, True), 2560: (1, 4, True), 3072: (1, 4, True),
     3584: (1, 4, True), 4608: (1, 8, True), 5120: (1, 8, True), 5376: (1, 8, True), 6144: (1, 8, True),
-    7168: (1, 8, True), 8192: (1, 4, False)}}
+    7168: (1, 8, True), 8192: (1, 4, False), 12288: (1, 8, True), 16384: (1, 8, True)}}
 BWD_PROGRAMS_PER_SM = 2  # persistent grids (backward; long-row forward) = this × SM count (÷ column chunks)
 # The resident backward's grid (the pieces' too, since the twenty-seventh session) is then trimmed to the fewest
 # programs keeping the most row blocks per program (``pallas_config.balanced``, in ``triton_kernels.rms_norm_bwd``),
