@@ -96,7 +96,8 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     the two passes for the resident (1, 8) launched by jaxlib (Llama's product; Gemma's float32 product from 96 rows
     per SM), Gemma's fewer rows take two passes of (4096, 8); float32 rows of 5120 take the resident (1, 8) too. The
     plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), the
-    fused add's keeps its resident (1, 16); float32 rows keep theirs. The Triton reference reads the same entries.
+    fused add's keeps its resident (1, 16); float32 rows keep theirs. The Triton reference reads the same entries
+    (its resident 5120 with N constant, ``triton_config.FWD_RESIDENT_BY_MODEL``).
     The broken variant: with the per-model two-pass tables emptied, the H200 runs the H100's two passes at 5120 and
     one tile for both forwards at 32768."""
     from pallas_norm import ffi_tables
@@ -128,7 +129,8 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     assert without[key] == h100[key] != h200[key]
     assert without[4096, 32768, False, True, 2] == without[4096, 32768, True, True, 2]  # one tile
     forward = triton_config.forward_config
-    assert forward(5120, 132, 2, True, 32768, False, "h200") == triton_config.Config(1, 8192, 8, l1_hints=True)
+    assert forward(5120, 132, 2, True, 32768, False, "h200") == triton_config.Config(1, 8192, 8, l1_hints=True,
+                                                                                   n_const=True)
     assert forward(5120, 132, 2, False, 4096, False, "h200") == triton_config.Config(1, 4096, 8, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, False, "h200") == triton_config.Config(1, 8192, 32, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, True, "h200") == forward(32768, 132, 2, True, 8192, True)
