@@ -150,14 +150,35 @@ def test_fwd_tiles_times_the_heuristic_s_tile_outside_the_candidates(monkeypatch
     from bench import fwd_tiles
 
     assert max(r for r, _ in fwd_tiles.candidates(64)) == 256
-    monkeypatch.setattr(fwd_tiles, "_heuristic", lambda kernel, m, n: (3, 3))
-    monkeypatch.setattr(fwd_tiles, "_callables", lambda kernel, m, n: (lambda tile: lambda: None, 1))
+    monkeypatch.setattr(fwd_tiles, "_heuristic", lambda kernel, m, n, casting: (3, 3))
+    monkeypatch.setattr(fwd_tiles, "_callables", lambda kernel, m, n, casting: (lambda tile: lambda: None, 1))
     monkeypatch.setattr(timing, "time_kernels", lambda fn, sync: 1e-3)
     monkeypatch.setattr(timing, "environment", lambda **kw: ENV)
     result = fwd_tiles.run(shapes=((4096, 1024),), kernels=("pallas",))
     assert "| pallas | 4096×1024 | (3, 3) | 0.017 |" in fwd_tiles.markdown(result)
     broken = dict(result, rows=[r for r in result["rows"] if (r["rows"], r["warps"]) != (3, 3)])
     assert "| pallas | 4096×1024 | (3, 3) | – |" in fwd_tiles.markdown(broken)
+
+
+def test_fwd_tiles_times_the_triton_reference_with_n_constant_and_its_fused_add(monkeypatch):
+    """The Triton reference's tiles come with run-time N and N constant (its plain forward and its fused add's), its
+    heuristic's tile names the choice (the rule's on CPU: no GPU model), and the table keeps the two apart: N
+    constant wins here. The broken variant (rows without their ``n_const``) merges them into one tile."""
+    from bench import fwd_tiles
+
+    assert fwd_tiles.kernel_tiles("triton_add", 2304)[:2] == [(1, 2, False), (1, 2, True)]
+    assert set(fwd_tiles.kernel_tiles("triton", 2304)) == {(*t, c) for t in fwd_tiles.candidates(2304)
+                                                           for c in (False, True)}
+    assert fwd_tiles._heuristic("triton", 32768, 2304, "gemma") == (1, 4, False)
+    assert fwd_tiles._heuristic("triton_add", 4096, 1024) == (4, 4, False)
+    monkeypatch.setattr(fwd_tiles, "_callables", lambda kernel, m, n, casting: (lambda tile: lambda: tile, 1))
+    monkeypatch.setattr(timing, "time_kernels", lambda fn, sync: 1e-3 / (2 if fn()[-1] else 1))
+    monkeypatch.setattr(timing, "environment", lambda **kw: dict(ENV, **kw))
+    result = fwd_tiles.run(shapes=((4096, 2304),), kernels=("triton",), casting="gemma")
+    text = fwd_tiles.markdown(result)
+    assert "casting=gemma" in text and "| triton | 4096×2304 | (1, 4, False) | 0.038 | (1, 2, True) | 0.075 |" in text
+    broken = dict(result, rows=[{k: v for k, v in r.items() if k != "n_const"} for r in result["rows"]])
+    assert "| (1, 2, True) |" not in fwd_tiles.markdown(broken)
 
 
 def test_triton_sweep_offers_bands_where_its_heuristic_does_not(monkeypatch):
