@@ -42,11 +42,11 @@ FWD_N_CONST = frozenset({1024})
 # (``pallas_config.two_pass_tile``) do not take them. With N constant the padded lanes past N drop out at compile time
 # (the Pallas kernels always compile so: JAX's static shapes); at run-time N the plain forward does their math too.
 # Forty-ninth session (H200, bf16, launched by torch, kernels timed over rotated inputs, two rounds, the slower quoted;
-# probes_h200_2026-11-29_fortyninth.md §1-2), plain forward at 4096 / 32768 rows, heuristic → this, TB/s: llama 2304
+# probes_h200_2026-11-29_fortyninth.md §1), plain forward at 4096 / 32768 rows, heuristic → this, TB/s: llama 2304
 # 3.15 / 3.96 → 3.35 / 4.18, gemma 2304 2.98 / 3.82 → 3.16 / 4.17; 2048 +3-8%; 2560 +3-6%; 3584 +2-5%; 3072 0 to +6%;
 # 4608 +9-14%; 5120 +8-12% (Gemma's 4096 rows keep two passes); 5376 +7-11%; 6144 +2-6%; 7168 +10-14%; 8192
 # +4-6%; 12288 gemma +19-20%, llama +1-2%; 16384 gemma +5-6%, llama -0.5 to -0.3%; 1024 -0.3 to +1.3%; float16 alike at
-# 2048-16384 (§3). The fused add within -1.6% (Gemma's 4096×12288; 4096×4608 and 4096×6144 -1.1%) to +2%. Not 1152,
+# 2048-16384 (§2). The fused add within -1.6% (Gemma's 4096×12288; 4096×4608 and 4096×6144 -1.1%) to +2%. Not 1152,
 # 1536, 3840 (within ±1.4%) or 4096 (level).
 FWD_RESIDENT_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {
     1024: (2, 4, False), 2048: (1, 4, True), 2304: (1, 4, True), 2560: (1, 4, True), 3072: (1, 4, True),
