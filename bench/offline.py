@@ -60,6 +60,13 @@ class Report:
     per_sm: int
     asks: int | None = None
 
+    def line(self) -> str:
+        """The report as the CLIs print it."""
+        return (f"{self.name} warps={self.num_warps} grid={self.grid} maxnreg={self.maxnreg}: {self.registers} "
+                f"registers, {self.spill_stores} B spilled, {self.shared} B shared, {self.barriers} barriers "
+                f"({self.loop_barriers} in loops), {self.contractible} contractible ops, {self.per_sm} per SM"
+                + (f" (its grid asks {self.asks})" if self.asks else ""))
+
 
 def programs_per_sm(registers: int, num_warps: int, shared: int) -> int:
     """How many programs of ``num_warps`` warps, ``registers`` per thread and ``shared`` bytes of shared memory an H100
@@ -110,21 +117,27 @@ def loop_barriers(ptx: str) -> int:
     return count
 
 
-def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None,
-                   pinned: bool = False, persistent: bool = False) -> Report:
-    """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``; ``pinned``: its PTX through
-    ``triton_ffi.pin_rounding``, as jaxlib's launch assembles it) and assembled by ptxas; ``persistent``: its grid
-    is a persistent one (``Report.asks``)."""
+def assemble(ptx: str) -> dict[str, int]:
+    """``ptxas -v`` (the one ``triton`` ships) of one kernel's PTX for sm_90a: its registers, spill stores, stack."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    binary = triton_ffi.triton_binary(ttir, 90, num_warps, num_stages, maxnreg)
-    ptx = triton_ffi.pin_rounding(binary.asm["ptx"]) if pinned else binary.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
         out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"],
                              capture_output=True, text=True, check=True).stderr
     (res,) = ptxas.parse(out).values()
+    return res
+
+
+def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, maxnreg: int | None,
+                   pinned: bool = False, persistent: bool = False) -> Report:
+    """``ttir`` compiled for sm_90 by the ``triton`` package (``triton_ffi.triton_binary``; ``pinned``: its PTX through
+    ``triton_ffi.pin_rounding``, as jaxlib's launch assembles it) and assembled by ptxas; ``persistent``: its grid
+    is a persistent one (``Report.asks``)."""
+    binary = triton_ffi.triton_binary(ttir, 90, num_warps, num_stages, maxnreg)
+    ptx = triton_ffi.pin_rounding(binary.asm["ptx"]) if pinned else binary.asm["ptx"]
+    res = assemble(ptx)
     shared = binary.metadata.shared
     return Report(name, num_warps, tuple(grid), maxnreg, res["registers"], res["spill_stores"], shared,
                   ptx.count("bar.sync"), loop_barriers(ptx), triton_ffi.contractible_ops(ptx),
@@ -155,10 +168,10 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
                            pinned=by_jaxlib(c), persistent=persistent(c)) for c in parse_program(module).calls]
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m bench.offline", what: str = "The Pallas kernels") -> argparse.ArgumentParser:
     """The CLI: shapes, ``--fwd``, ``--fused``, ``--dtype``, ``--casting`` (the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m bench.offline", description="The Pallas kernels compiled for an H100 "
-                                "without one: registers, spills, shared memory, barriers inside loops.")
+    p = argparse.ArgumentParser(prog=prog, description=f"{what} compiled for an H100 without one: registers, spills, "
+                                "shared memory, barriers inside loops.")
     p.add_argument("shapes", type=timing.parse_shapes, help="comma-separated MxN")
     p.add_argument("--fwd", action="store_true", help="the forward's kernels (default: the backward's)")
     p.add_argument("--fused", action="store_true", help="the fused residual add's kernels")
@@ -172,10 +185,7 @@ def main(argv: list[str]) -> None:
     for m, n in args.shapes:
         for r in reports(m, n, backward=not args.fwd, fused=args.fused, dtype=getattr(torch, args.dtype),
                          casting=args.casting):
-            print(f"{m}x{n} {r.name} warps={r.num_warps} grid={r.grid} maxnreg={r.maxnreg}: {r.registers} "
-                  f"registers, {r.spill_stores} B spilled, {r.shared} B shared, {r.barriers} barriers "
-                  f"({r.loop_barriers} in loops), {r.contractible} contractible ops, {r.per_sm} per SM"
-                  + (f" (its grid asks {r.asks})" if r.asks else ""), flush=True)
+            print(f"{m}x{n} {r.line()}", flush=True)
 
 
 if __name__ == "__main__":

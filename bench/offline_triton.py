@@ -1,0 +1,130 @@
+"""``python -m bench.offline_triton MxN,... [--fwd] [--fused] [--dtype D] [--casting C] [--model M]``: the Triton
+reference's kernels of a forward or backward compiled for sm_90 without a GPU, as ``bench.offline`` does for the
+Pallas kernels.
+
+The reference's own launcher runs on ``meta`` tensors of the shape with every launch captured
+(``triton_launch.launch``, on an abstract GPU of 132 SMs named ``model``): each kernel, its grid, arguments and
+meta-parameters. Each is specialised as Triton specialises a launch (its arguments' types and 16-divisibility, ints
+of 1 as constants), compiled by the ``triton`` package and assembled by ``ptxas -v``. Per kernel: registers, spill
+bytes, shared memory, barriers (in loops too), how many programs an SM holds at once and how many its persistent
+grid puts on each SM (``--maxnreg``: assembled under that register cap). Forty-ninth session: the fused add's
+backward of Gemma's rows of 2560 and 5120 held as pieces takes 162 registers, so 3 of the 4 (2560, 4 warps) and 1 of
+the 2 (5120, 8 warps) programs per SM its grid asks fit at once; under a cap of 128 all fit, spilling 24 B. The
+pieces' backward at 2304 on 4 warps (157 registers, Llama's product) would fit 3 of 4; on 2 warps (the heuristic's)
+239 registers, 4 fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from unittest import mock
+
+import torch
+
+from bench import offline
+from pallas_norm import triton_ffi
+from pallas_norm.pallas_config import cdiv
+
+SMS = offline.SMS
+
+
+@contextlib.contextmanager
+def captured(model: str = "h200", sms: int = SMS) -> Iterator[list[tuple]]:
+    """Within: the reference's launches append ``(kernel, grid, args, meta)`` instead of running, on a GPU of ``sms``
+    SMs named ``model``."""
+    from torch_bridge import triton_launch
+
+    calls: list[tuple] = []
+
+    def capture(key, kernel, grid, args, meta, *, interpret):
+        calls.append((kernel, tuple(grid), tuple(args), meta()))
+
+    with mock.patch.object(triton_launch, "launch", capture), \
+            mock.patch.object(triton_launch, "sm_count", lambda x: sms), \
+            mock.patch.object(triton_launch, "gpu_model", lambda x: model):
+        yield calls
+
+
+def specialization(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict, dict]:
+    """``(signature, constexprs, attrs, options)`` of a launch as Triton's JIT builds them: each argument's type
+    and specialisation (``native_specialize_impl``: 16-divisible pointers and ints, ints of 1 constant), the
+    meta-parameters named by the kernel as constexprs, the rest (``num_warps``, ...) as compile options."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, value) in enumerate(zip(kernel.arg_names, args)):
+        kind, spec = native_specialize_impl(CUDABackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[name] = spec
+        elif isinstance(spec, str) and (parsed := CUDABackend.parse_attr(spec)):
+            attrs[(i,)] = parsed
+    for name in kernel.arg_names[len(args):]:
+        signature[name] = "constexpr"
+        constexprs[name] = meta[name]
+    options = {k: v for k, v in meta.items() if k not in kernel.arg_names}
+    return signature, constexprs, attrs, options
+
+
+def report(kernel, grid: tuple, args: tuple, meta: dict) -> offline.Report:
+    """One captured launch compiled for sm_90 and assembled (``offline.Report``); ``asks``: programs per SM of a
+    grid whose programs walk several row blocks (an ``ITERS`` argument above 1), else None."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    signature, constexprs, attrs, options = specialization(kernel, args, meta)
+    binary = compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                     options=options)
+    ptx = binary.asm["ptx"]
+    res = offline.assemble(ptx)
+    named = dict(zip(kernel.arg_names, args))
+    persistent = isinstance(named.get("ITERS"), int) and named["ITERS"] > 1
+    warps = options.get("num_warps", 4)
+    shared = binary.metadata.shared
+    return offline.Report(kernel.__name__, warps, grid, options.get("maxnreg"), res["registers"],
+                          res["spill_stores"], shared, ptx.count("bar.sync"), offline.loop_barriers(ptx),
+                          triton_ffi.contractible_ops(ptx),
+                          offline.programs_per_sm(res["registers"], warps, shared),
+                          cdiv(grid[0] * (grid[1] if len(grid) > 1 else 1), SMS) if persistent else None)
+
+
+def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
+            casting: str = "llama", model: str = "h200", maxnreg: int | None = None) -> list[offline.Report]:
+    """Every kernel the reference launches for the forward (or ``backward``; ``fused``: the fused add's) of ``m`` ×
+    ``n`` ``dtype`` rows with a weight of that dtype, in launch order; ``maxnreg``: the kernels walking rows (all but
+    the dweight reduction) assembled under that register cap."""
+    from torch_bridge import triton_kernels
+
+    offset = 1.0 if casting == "gemma" else 0.0
+    x = torch.empty((m, n), dtype=dtype, device="meta")
+    w = torch.empty((n,), dtype=dtype, device="meta")
+    rstd = torch.empty((m,), dtype=torch.float32, device="meta")
+    with captured(model) as calls:
+        if backward:
+            triton_kernels.rms_norm_bwd(x, x, w, rstd, offset, casting, True, True, dh_out=x if fused else None)
+        elif fused:
+            triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, residual=x, h_dtype=dtype)
+        else:
+            triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting)
+    def capped(kernel, meta: dict) -> dict:
+        return {**meta, "maxnreg": maxnreg} if maxnreg and "dweight" not in kernel.__name__ else meta
+
+    return [report(kernel, grid, args, capped(kernel, meta)) for kernel, grid, args, meta in calls]
+
+
+def main(argv: list[str]) -> None:
+    p = offline.parser("python -m bench.offline_triton", "The Triton reference's kernels")
+    p.add_argument("--model", default="h200", help='the GPU model whose per-model tables apply ("" for none)')
+    p.add_argument("--maxnreg", type=int, default=None, help="assemble the row kernels under this register cap")
+    args = p.parse_args(argv)
+    for m, n in args.shapes:
+        for r in reports(m, n, backward=not args.fwd, fused=args.fused, dtype=getattr(torch, args.dtype),
+                         casting=args.casting, model=args.model, maxnreg=args.maxnreg):
+            print(f"{m}x{n} {r.line()}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
