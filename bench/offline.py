@@ -86,15 +86,16 @@ def abstract_h100():
 
 
 @contextlib.contextmanager
-def _on_h100() -> Iterator[None]:
-    """``abstract_h100`` with ``backend.num_sms`` reading ``SMS`` (the heuristics' grids)."""
-    saved = backend.num_sms
-    backend.num_sms = lambda: SMS
+def _on_h100(model: str = "") -> Iterator[None]:
+    """``abstract_h100`` with ``backend.num_sms`` reading ``SMS`` (the heuristics' grids) and ``backend.gpu_model``
+    ``model`` (the per-model tables', e.g. "h200": the same chip and SM count)."""
+    saved = backend.num_sms, backend.gpu_model
+    backend.num_sms, backend.gpu_model = (lambda: SMS), (lambda: model)
     try:
         with abstract_h100():
             yield
     finally:
-        backend.num_sms = saved
+        backend.num_sms, backend.gpu_model = saved
 
 
 def gpu_config(m: int, n: int, *, backward: bool, fused: bool = False) -> pallas_config.Config:
@@ -146,11 +147,12 @@ def compile_kernel(name: str, ttir: str, num_warps: int, num_stages: int, grid, 
 
 
 def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
-            casting: str = "llama", config: pallas_config.Config | None = None) -> list[Report]:
+            casting: str = "llama", config: pallas_config.Config | None = None, model: str = "") -> list[Report]:
     """Every Triton-lowered kernel of ``impl="pallas"``'s forward or backward of ``m`` × ``n`` ``dtype`` rows
-    (weight in ``dtype``; ``fused``: the fused add's) on ``config`` (None: ``gpu_config``), in launch order."""
+    (weight in ``dtype``; ``fused``: the fused add's) on ``config`` (None: ``gpu_config``, with ``model``'s
+    per-model tables), in launch order."""
     offset = 1.0 if casting == "gemma" else 0.0
-    with _on_h100():
+    with _on_h100(model):
         config = config or gpu_config(m, n, backward=backward, fused=fused)
         lowered = dataclasses.replace(config, ffi_launch=False)  # a Pallas config: the launch route lowers "pallas"
         if backward:
@@ -177,6 +179,7 @@ def parser(prog: str = "python -m bench.offline", what: str = "The Pallas kernel
     p.add_argument("--fused", action="store_true", help="the fused residual add's kernels")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--casting", default="llama", choices=("llama", "gemma", "none"))
+    p.add_argument("--model", default="", help='the GPU model whose per-model tables apply, e.g. "h200"')
     return p
 
 
@@ -184,7 +187,7 @@ def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
     for m, n in args.shapes:
         for r in reports(m, n, backward=not args.fwd, fused=args.fused, dtype=getattr(torch, args.dtype),
-                         casting=args.casting):
+                         casting=args.casting, model=args.model):
             print(f"{m}x{n} {r.line()}", flush=True)
 
 

@@ -117,7 +117,7 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
 
 def main(argv: list[str]) -> None:
     p = offline.parser("python -m bench.offline_triton", "The Triton reference's kernels")
-    p.add_argument("--model", default="h200", help='the GPU model whose per-model tables apply ("" for none)')
+    p.set_defaults(model="h200")
     p.add_argument("--maxnreg", type=int, default=None, help="assemble the row kernels under this register cap")
     args = p.parse_args(argv)
     for m, n in args.shapes:

@@ -89,3 +89,18 @@ def test_cli_names_a_bad_shape_and_a_bad_dtype(capsys):
             offline.main(argv)
         assert exit_.value.code == 2 and named in capsys.readouterr().err
     assert offline.parser().parse_args(["8x64,4x128", "--fused"]).shapes == [(8, 64), (4, 128)]
+
+
+def test_model_names_the_per_model_tables_the_config_comes_from():
+    """``model`` ("h200": the same chip and SM count) applies that GPU's entries: the plain backward of 32768×2560
+    prefetches on an H200 (``ffi_tables.BWD_FFI_PIECES_PLAIN_BY_MODEL``), not under no model (the broken variant,
+    which the check tells apart); ``backend.gpu_model`` is restored after."""
+    from pallas_norm import backend
+
+    before = backend.gpu_model
+    with offline._on_h100("h200"):
+        h200 = offline.gpu_config(32768, 2560, backward=True)
+    with offline._on_h100():
+        none = offline.gpu_config(32768, 2560, backward=True)
+    assert h200.pieces and h200.prefetch and not none.prefetch and backend.gpu_model is before
+    assert offline.parser().parse_args(["8x64", "--model", "h200"]).model == "h200"
