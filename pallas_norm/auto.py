@@ -106,7 +106,8 @@ from __future__ import annotations
 
 from . import backend
 from .mosaic_config import MosaicConfig
-from .pallas_config import MAX_RESIDENT_COLS, ffi_backward, ffi_forward, ffi_held, full_row, one_program, this_model
+from .pallas_config import (MAX_RESIDENT_COLS, ffi_backward, ffi_forward, ffi_held, from_rows_per_sm, full_row,
+                            one_program, this_model)
 
 MOSAIC_BWD_COLS = (1024, 131072)  # the backward runs on Mosaic GPU for lo <= N <= hi, but:
 TRITON_BWD_COLS = 8192  # rows of at most this many columns filling more than PADDED_FILL of a power of two
@@ -174,4 +175,4 @@ def _below(table: dict, n: int, m: int | None) -> bool:
     if n not in table:
         return False
     bound = table[n]
-    return bound is None or (m is not None and m < bound * backend.num_sms())
+    return bound is None or (m is not None and not from_rows_per_sm(m, bound))

@@ -57,6 +57,11 @@ def model_entry(by_model: dict, table: dict, key: int):
     return this_model(by_model).get(key, table.get(key))
 
 
+def from_rows_per_sm(m: int, least: int | None) -> bool:
+    """Whether ``m`` rows are at least ``least`` rows per SM of this GPU (None: never): the per-model tables' bound."""
+    return least is not None and m >= least * backend.num_sms()
+
+
 def ffi_forward(n: int) -> bool:
     """Whether the forward (plain or fused add) of rows of ``n`` columns runs held in registers and launched by
     jaxlib's Triton call (``FWD_FFI_RESIDENT``: full rows of those padded lengths, their tiles
@@ -71,11 +76,10 @@ def ffi_xla_tile(m: int, n: int, itemsize: int = 2, product_in_dtype: bool = Tru
     rows per SM), ``FWD_FFI_ALL_ROWS`` (rows of those padded lengths on the GPU model it names) or
     ``FWD_FFI_XLA_TILE_BY_MODEL`` (16-bit rows of those widths from its rows per SM for the weight's product in the
     row's dtype, ``product_in_dtype``, or in float32), where ``triton_ffi.available()``."""
-    n_pad, sms = next_pow2(n), backend.num_sms()
-    few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * sms
+    n_pad = next_pow2(n)
+    few = n_pad in FWD_FFI_FEW_ROWS and full_row(n) and m <= FWD_FFI_FEW_ROWS[n_pad] * backend.num_sms()
     low, f32 = this_model(FWD_FFI_XLA_TILE_BY_MODEL).get(n, (None, None)) if itemsize == 2 else (None, None)
-    least = low if product_in_dtype else f32
-    many = least is not None and m >= least * sms
+    many = from_rows_per_sm(m, low if product_in_dtype else f32)
     return (few or many or n_pad in this_model(FWD_FFI_ALL_ROWS)) and _available()
 
 
@@ -84,8 +88,7 @@ def one_warp_forward(m: int, n: int, itemsize: int = 2, product_in_dtype: bool =
     a row per one-warp program: ``FWD_ONE_WARP`` (16-bit rows of those widths, from that many rows per SM, on the GPU
     model it names), where the weight's product is taken in the row's dtype (``product_in_dtype``, Llama's casting;
     ``FWD_ONE_WARP``'s note: Gemma's float32 product made the plain forward slower)."""
-    least = this_model(FWD_ONE_WARP).get(n) if itemsize == 2 and product_in_dtype else None
-    return least is not None and m >= least * backend.num_sms()
+    return from_rows_per_sm(m, this_model(FWD_ONE_WARP).get(n) if itemsize == 2 and product_in_dtype else None)
 
 
 def ffi_backward(n: int, m: int | None = None) -> bool:
