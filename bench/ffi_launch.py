@@ -106,7 +106,7 @@ def _timer(route: str, kw: dict, m: int, n: int, sets: list, tsets: list, offset
 def run(shapes=SHAPES, tiles=TILES, casting: str = "llama", dtype: str = "bfloat16", routes=("plain",)) -> dict:
     from bench.providers import jax_owned
 
-    offset = 1.0 if casting == "gemma" else 0.0
+    offset = timing.casting_offset(casting)
     tdtype = getattr(torch, dtype)
     size = torch.finfo(tdtype).bits // 8
     rows, bits = [], {}

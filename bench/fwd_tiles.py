@@ -47,10 +47,6 @@ def kernel_tiles(kernel: str, n: int) -> list[tuple]:
     return candidates(n)
 
 
-def _offset(casting: str) -> float:
-    return 1.0 if casting == "gemma" else 0.0
-
-
 def _heuristic(kernel: str, m: int, n: int, casting: str = "llama") -> tuple:
     """The heuristic's (rows, warps) (the Triton reference's with n_const) for 16-bit rows, on this GPU's model and
     SM count where there is a GPU (else 132 SMs and no model)."""
@@ -69,7 +65,7 @@ def _heuristic(kernel: str, m: int, n: int, casting: str = "llama") -> tuple:
 def _callables(kernel: str, m: int, n: int, casting: str = "llama"):
     """``tile -> zero-argument callable`` running the forward once per rotated input set (``.reps`` of them)."""
     reps = timing.rotations(m * n * 2 * BYTES[kernel] // 2)
-    offset, hints = _offset(casting), l1_hints.resident(next_pow2(n))
+    offset, hints = timing.casting_offset(casting), l1_hints.resident(next_pow2(n))
     sets = [timing.inputs(m, n, torch.bfloat16, offset, seed=i) for i in range(reps)]  # dy: the fused add's residual
     if kernel in TRITON:
         from torch_bridge import triton_config, triton_kernels

@@ -26,7 +26,7 @@ def run(shapes, dtype: str, casting: str, providers: tuple[str, ...], modes: tup
 
     from bench.providers import providers as build_providers
 
-    offset = 1.0 if casting == "gemma" else 0.0
+    offset = timing.casting_offset(casting)
     rows = []
     for m, n in shapes:
         x, w, dy = timing.inputs(m, n, getattr(torch, dtype), offset)

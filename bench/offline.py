@@ -151,7 +151,7 @@ def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype
     """Every Triton-lowered kernel of ``impl="pallas"``'s forward or backward of ``m`` × ``n`` ``dtype`` rows
     (weight in ``dtype``; ``fused``: the fused add's) on ``config`` (None: ``gpu_config``, with ``model``'s
     per-model tables), in launch order."""
-    offset = 1.0 if casting == "gemma" else 0.0
+    offset = timing.casting_offset(casting)
     with _on_h100(model):
         config = config or gpu_config(m, n, backward=backward, fused=fused)
         lowered = dataclasses.replace(config, ffi_launch=False)  # a Pallas config: the launch route lowers "pallas"

@@ -23,7 +23,7 @@ from unittest import mock
 
 import torch
 
-from bench import offline
+from bench import offline, timing
 from pallas_norm import triton_ffi
 from pallas_norm.pallas_config import cdiv
 
@@ -91,28 +91,32 @@ def report(kernel, grid: tuple, args: tuple, meta: dict) -> offline.Report:
                           cdiv(grid[0] * (grid[1] if len(grid) > 1 else 1), SMS) if persistent else None)
 
 
-def reports(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
-            casting: str = "llama", model: str = "h200", maxnreg: int | None = None) -> list[offline.Report]:
-    """Every kernel the reference launches for the forward (or ``backward``; ``fused``: the fused add's) of ``m`` ×
-    ``n`` ``dtype`` rows with a weight of that dtype, in launch order; ``maxnreg``: the kernels walking rows (all but
-    the dweight reduction) assembled under that register cap."""
+def launches(m: int, n: int, *, backward: bool = True, fused: bool = False, dtype: torch.dtype = torch.bfloat16,
+             casting: str = "llama", model: str = "h200") -> list[tuple]:
+    """Every launch ``(kernel, grid, args, meta)`` the reference makes for the forward (or ``backward``; ``fused``:
+    the fused add's) of ``m`` × ``n`` ``dtype`` rows with a weight of that dtype, in order (``captured``)."""
     from torch_bridge import triton_kernels
 
-    offset = 1.0 if casting == "gemma" else 0.0
+    offset = timing.casting_offset(casting)
     x = torch.empty((m, n), dtype=dtype, device="meta")
     w = torch.empty((n,), dtype=dtype, device="meta")
     rstd = torch.empty((m,), dtype=torch.float32, device="meta")
     with captured(model) as calls:
         if backward:
             triton_kernels.rms_norm_bwd(x, x, w, rstd, offset, casting, True, True, dh_out=x if fused else None)
-        elif fused:
-            triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, residual=x, h_dtype=dtype)
         else:
-            triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting)
+            fused_kw = dict(residual=x, h_dtype=dtype) if fused else {}
+            triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, **fused_kw)
+    return calls
+
+
+def reports(m: int, n: int, *, maxnreg: int | None = None, **kw) -> list[offline.Report]:
+    """``report`` of every one of ``launches(m, n, **kw)``; ``maxnreg``: the kernels walking rows (all but the
+    dweight reduction) assembled under that register cap."""
     def capped(kernel, meta: dict) -> dict:
         return {**meta, "maxnreg": maxnreg} if maxnreg and "dweight" not in kernel.__name__ else meta
 
-    return [report(kernel, grid, args, capped(kernel, meta)) for kernel, grid, args, meta in calls]
+    return [report(kernel, grid, args, capped(kernel, meta)) for kernel, grid, args, meta in launches(m, n, **kw)]
 
 
 def main(argv: list[str]) -> None:

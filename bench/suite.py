@@ -101,7 +101,7 @@ def run(shapes, dtype: str, casting: str, small: bool = True, on_row=None, only=
     """All measurements for one dtype and casting mode (offset 1 for "gemma", else 0), of every provider or those
     named in ``only``, in ``modes``; ``on_row(result)`` is called after each provider × shape (the CLI saves partial
     results there)."""
-    offset = 1.0 if casting == "gemma" else 0.0
+    offset = timing.casting_offset(casting)
     dt = DTYPES[dtype]
     provs = providers(only)
     copy = timing.copy_tbps()

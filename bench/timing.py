@@ -224,6 +224,11 @@ def tbps(mode: str, m: int, n: int, itemsize: int, seconds: float) -> float:
     return BYTES_PER_ELEM[mode] * m * n * itemsize / seconds / 1e12
 
 
+def casting_offset(casting: str) -> float:
+    """The weight offset the benchmarks pair with ``casting``: Gemma's 1 (``(1 + w)``), else 0."""
+    return 1.0 if casting == "gemma" else 0.0
+
+
 def inputs(m: int, n: int, dtype, offset: float, seed: int | None = None):
     """``(x, weight, dy)`` on the GPU: random data (never zeros), the weight around its init (Gemma: zeros)."""
     import torch

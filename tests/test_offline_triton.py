@@ -11,21 +11,7 @@ import pathlib
 import subprocess
 import sys
 
-import torch
-
 from bench import offline_triton
-
-
-def _captured_backward(m: int, n: int, casting: str, fused: bool) -> list[tuple]:
-    from torch_bridge import triton_kernels
-
-    x = torch.empty((m, n), dtype=torch.bfloat16, device="meta")
-    w = torch.empty((n,), dtype=torch.bfloat16, device="meta")
-    rstd = torch.empty((m,), dtype=torch.float32, device="meta")
-    offset = 1.0 if casting == "gemma" else 0.0
-    with offline_triton.captured("h200") as calls:
-        triton_kernels.rms_norm_bwd(x, x, w, rstd, offset, casting, True, True, dh_out=x if fused else None)
-    return calls
 
 
 def test_launches_are_captured_and_specialised_as_triton_s_jit_does():
@@ -33,7 +19,7 @@ def test_launches_are_captured_and_specialised_as_triton_s_jit_does():
     blocks), then the dweight reduction; pointers typed by dtype and 16-divisible, N (2304) 16-divisible, ITERS (8)
     not, an int of 1 a constant, the meta-parameters constexprs, ``num_warps`` a compile option. Broken variant: N
     2300, which loses its divisibility."""
-    calls = _captured_backward(4096, 2304, "llama", False)
+    calls = offline_triton.launches(4096, 2304)
     assert [c[0].__name__ for c in calls] == ["bwd_pieces_kernel", "_dweight_reduce_kernel"]
     kernel, grid, args, meta = calls[0]
     assert grid == (512, 1) and meta["num_warps"] == 2
