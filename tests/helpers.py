@@ -100,6 +100,22 @@ def as_numpy(t):
     return None if t is None else (to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t))
 
 
+def wrong_row_length_constant(monkeypatch, value: int = 1000) -> None:
+    """A broken variant of the Triton reference's ``Config.n_const``: every launch that sets ``N_CONST`` gets
+    ``value`` instead (rows read at the wrong length, their tails dropped)."""
+    from torch_bridge import triton_launch
+
+    launch = triton_launch.launch
+
+    def wrong(key, kernel, grid, args, meta, *, interpret):
+        def broken():
+            m = meta()
+            return {**m, "N_CONST": value} if m.get("N_CONST") else m
+        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
+
+    monkeypatch.setattr(triton_launch, "launch", wrong)
+
+
 def judge(x, w, dy, outputs, *, eps=1e-6, offset=0.0, casting="llama", baseline=None, dh_out=None,
           **failures_kw) -> list[str]:
     """``accuracy.reference(...).failures`` of ``outputs`` (torch, JAX or NumPy) for inputs of either stack (with

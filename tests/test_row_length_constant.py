@@ -13,22 +13,9 @@ import torch
 
 from torch_bridge import triton_config, triton_kernels, triton_product
 
-from helpers import judge, torch_inputs
+from helpers import judge, torch_inputs, wrong_row_length_constant
 
 CASTINGS = ("llama", "gemma", "none")
-
-
-def _wrong_constant(monkeypatch) -> None:
-    """Every launch that sets ``N_CONST`` gets 1000 instead (the broken variant)."""
-    launch = triton_kernels.triton_launch.launch
-
-    def wrong_constant(key, kernel, grid, args, meta, *, interpret):
-        def broken():
-            m = meta()
-            return {**m, "N_CONST": 1000} if m.get("N_CONST") else m
-        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
-
-    monkeypatch.setattr(triton_kernels.triton_launch, "launch", wrong_constant)
 
 
 @pytest.mark.parametrize("casting", CASTINGS)
@@ -49,7 +36,7 @@ def test_forward_with_the_row_length_constant_keeps_the_bits(casting, monkeypatc
             assert judge(rows, w, dy, (got[0],), eps=1e-6, only=("y",), **kw) == []
             if n == 1024:
                 assert all(torch.equal(a, b) for a, b in zip(got, want))
-    _wrong_constant(monkeypatch)
+    wrong_row_length_constant(monkeypatch)
     y = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=const, **kw)[0]
     assert judge(x, w, dy, (y,), eps=1e-6, only=("y",), **kw) != []
 
@@ -73,7 +60,7 @@ def test_backward_with_the_row_length_constant_keeps_the_bits(casting, monkeypat
             assert judge(x, w, dy, (y, *got), eps=1e-6, **add, **kw) == []
             if n == 1024:
                 assert all(torch.equal(a, b) for a, b in zip(got, want))
-    _wrong_constant(monkeypatch)
+    wrong_row_length_constant(monkeypatch)
     broken = triton_kernels.rms_norm_bwd(dy, x, w, rstd, offset, casting, True, True, config=const)
     assert judge(x, w, dy, (y, *broken), eps=1e-6, **kw) != []
 

@@ -12,7 +12,7 @@ import torch
 
 from torch_bridge import triton_config, triton_kernels
 
-from helpers import judge, torch_inputs
+from helpers import judge, torch_inputs, wrong_row_length_constant
 
 TABLE = triton_config.FWD_RESIDENT_BY_MODEL["h200"]
 SMS = 132
@@ -41,15 +41,10 @@ def test_h200_takes_the_table_for_16_bit_rows_of_its_widths():
         assert _tile(n, True, 32768, False) == _tile(n, True, 32768, False, "")
 
 
-def _wrong_constant(monkeypatch, value: int) -> None:
-    """Every launch that sets ``N_CONST`` gets ``value`` instead (the broken variant)."""
-    launch = triton_kernels.triton_launch.launch
-
-    def wrong(key, kernel, grid, args, meta, *, interpret):
-        broken = lambda: {**meta(), "N_CONST": value} if meta().get("N_CONST") else meta()  # noqa: E731
-        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
-
-    monkeypatch.setattr(triton_kernels.triton_launch, "launch", wrong)
+def _table_config(n: int) -> triton_config.Config:
+    """The table's tile for rows of ``n`` columns, as ``forward_config`` builds it."""
+    rows, warps, n_const = TABLE[n]
+    return triton_config.Config(rows, triton_config.next_pow2(n), warps, l1_hints=True, n_const=n_const)
 
 
 @pytest.mark.parametrize("casting", ["llama", "gemma"])
@@ -59,8 +54,8 @@ def test_table_tiles_meet_the_rule(casting, monkeypatch):
     2304 columns (each row's last 4 columns dropped from its sum and left unwritten), which the rule fails."""
     offset = 1.0 if casting == "gemma" else 0.0
     kw = dict(offset=offset, casting=casting)
-    for n, (rows, warps, n_const) in TABLE.items():
-        cfg = triton_config.Config(rows, triton_config.next_pow2(n), warps, l1_hints=True, n_const=n_const)
+    for n in TABLE:
+        cfg = _table_config(n)
         x, w, dy = torch_inputs((5, n), torch.bfloat16, offset, seed=n)
         r = torch_inputs((5, n), torch.bfloat16, offset, seed=n + 1)[0]
         y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=cfg, **kw)
@@ -69,7 +64,7 @@ def test_table_tiles_meet_the_rule(casting, monkeypatch):
         assert judge(h, w, dy, (y_add,), eps=1e-6, only=("y",), **kw) == [], n
     cfg = triton_config.Config(1, 4096, 4, l1_hints=True, n_const=True)
     x, w, dy = torch_inputs((5, 2304), torch.bfloat16, offset, seed=7)
-    _wrong_constant(monkeypatch, 2300)
+    wrong_row_length_constant(monkeypatch, 2300)
     y = triton_kernels.rms_norm_fwd(x, w, 1e-6, config=cfg, **kw)[0]
     assert judge(x, w, dy, (y,), eps=1e-6, only=("y",), **kw) != []
 
@@ -83,8 +78,7 @@ def test_gpu_fused_add_keeps_rms_norm_of_h_bits_on_the_table_tile(n, casting):
     warp (each thread sums a quarter or more of the row), whose bits differ."""
     offset = 1.0 if casting == "gemma" else 0.0
     kw = dict(offset=offset, casting=casting)
-    rows, warps, n_const = TABLE[n]
-    cfg = triton_config.Config(rows, triton_config.next_pow2(n), warps, l1_hints=True, n_const=n_const)
+    cfg = _table_config(n)
     x, w, dy = torch_inputs((8192, n), torch.bfloat16, offset, seed=n)
     r = torch_inputs((8192, n), torch.bfloat16, offset, seed=n + 1)[0]
     if triton_kernels.triton_launch.gpu_model(x) == "h200" and (n, casting) != (5120, "gemma"):
