@@ -7,9 +7,10 @@ The reference's own launcher runs on ``meta`` tensors of the shape with every la
 meta-parameters. Each is specialised as Triton specialises a launch (its arguments' types and 16-divisibility, ints
 of 1 as constants), compiled by the ``triton`` package and assembled by ``ptxas -v``. Per kernel: registers, spill
 bytes, shared memory, barriers (in loops too), how many programs an SM holds at once and how many its persistent
-grid puts on each SM (``--maxnreg``: assembled under that register cap). Forty-ninth session: the fused add's
-backward of Gemma's rows of 2560 and 5120 held as pieces takes 162 registers, so 3 of the 4 (2560, 4 warps) and 1 of
-the 2 (5120, 8 warps) programs per SM its grid asks fit at once; under a cap of 128 all fit, spilling 24 B. The
+grid puts on each SM (``--maxnreg``: assembled under that register cap instead of the launcher's). Forty-ninth
+session: the fused add's backward of Gemma's rows of 2560 and 5120 held as pieces took 162 registers, so 3 of the 4
+(2560, 4 warps) and 1 of the 2 (5120, 8 warps) programs per SM its grid asks fitted at once; under a cap of 128 all
+fit, spilling 24 B. Since the fiftieth the launcher asks that cap (``triton_kernels.backward_register_cap``). The
 pieces' backward at 2304 on 4 warps (157 registers, Llama's product) would fit 3 of 4; on 2 warps (the heuristic's)
 239 registers, 4 fit.
 """
@@ -112,9 +113,12 @@ def launches(m: int, n: int, *, backward: bool = True, fused: bool = False, dtyp
 
 def reports(m: int, n: int, *, maxnreg: int | None = None, **kw) -> list[offline.Report]:
     """``report`` of every one of ``launches(m, n, **kw)``; ``maxnreg``: the kernels walking rows (all but the
-    dweight reduction) assembled under that register cap."""
+    dweight reduction) assembled under that register cap (0: none, whatever cap the launcher asked; None: as
+    launched, ``triton_kernels.backward_register_cap``'s)."""
     def capped(kernel, meta: dict) -> dict:
-        return {**meta, "maxnreg": maxnreg} if maxnreg and "dweight" not in kernel.__name__ else meta
+        if maxnreg is None or "dweight" in kernel.__name__:
+            return meta
+        return {**{k: v for k, v in meta.items() if k != "maxnreg"}, **({"maxnreg": maxnreg} if maxnreg else {})}
 
     return [report(kernel, grid, args, capped(kernel, meta)) for kernel, grid, args, meta in launches(m, n, **kw)]
 
@@ -122,7 +126,8 @@ def reports(m: int, n: int, *, maxnreg: int | None = None, **kw) -> list[offline
 def main(argv: list[str]) -> None:
     p = offline.parser("python -m bench.offline_triton", "The Triton reference's kernels")
     p.set_defaults(model="h200")
-    p.add_argument("--maxnreg", type=int, default=None, help="assemble the row kernels under this register cap")
+    p.add_argument("--maxnreg", type=int, default=None,
+                   help="assemble the row kernels under this register cap (0: none; default: the launcher's)")
     args = p.parse_args(argv)
     for m, n in args.shapes:
         for r in reports(m, n, backward=not args.fwd, fused=args.fused, dtype=getattr(torch, args.dtype),

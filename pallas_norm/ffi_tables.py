@@ -177,9 +177,12 @@ FWD_FFI_ALL_ROWS: dict[str, frozenset[int]] = {"h200": frozenset({128, 256, 512,
 # 4.28 / 4.25, 4096×5376 3.67 / 3.90 / 3.78 → 3.74 / 4.06 / 3.72, 32768×2304 3.98 / 4.14 / 4.20 → 4.19 / 4.26 / 4.19.
 # The torch route launched XLA's binary at the driver's carveout already: level (within 1%) but at few rows of 2304 and
 # Gemma's 2560 (8192×2304 Llama −1.6%, 4096×2560 Gemma −3.7%: the bounds). Not 3840: jaxlib's compile of its (2, 16)
-# loses 1.6% from JAX and 6.7% by torch.
+# loses 1.6% from JAX and 6.7% by torch. Forty-ninth session (probes_h200_2026-11-29_fortyninth.md §6; fiftieth
+# §1 for the bits), Llama's 12288 on the heuristic's (1, 16), XLA's launch → jaxlib's at 4096 / 32768 rows, TB/s:
+# plain 3.72 / 3.88 → 4.10 / 4.32, fused add 3.96 / 4.03 → 4.23 / 4.31, by torch 3.87 / 4.10 → 4.11 / 4.32. Not
+# Gemma's 12288: +2% plain and +7% fused add from JAX, but -1% by torch.
 FWD_FFI_XLA_TILE_BY_MODEL: dict[str, dict[int, tuple[int | None, int | None]]] = {"h200": {
-    2304: (96, 128), 2560: (0, 128), 3072: (0, 64), 4608: (0, None), 5376: (0, 0), 6144: (0, 0)}}
+    2304: (96, 128), 2560: (0, 128), 3072: (0, 64), 4608: (0, None), 5376: (0, 0), 6144: (0, 0), 12288: (0, None)}}
 # The pieces' backward (plain and fused add) at these widths, launched by jaxlib's Triton call where ``triton_ffi``
 # is available, on these tiles instead of BWD_PIECES': (warps, programs per SM, prefetch), the Triton reference's
 # (triton_config.BWD_PIECES), which XLA's launch collapses. H100, bf16, from JAX (`python -m bench.bwd_candidates ...

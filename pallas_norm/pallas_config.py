@@ -131,9 +131,14 @@ def register_cap(config: Config) -> int | None:
     kernel (``triton_ffi``): it assigns what the code wants otherwise, and the fused add's pieces backward at 2304
     columns took 135 registers on 4 warps, so 3 of its 4 programs per SM fitted and the grid ran a second wave.
     None too where an SM's share exceeds ``THREADS_PER_SM`` (no register count lets it fit; a cap would be 0)."""
-    if config.programs is None:
-        return None
-    threads = cdiv(config.programs, backend.num_sms()) * config.num_warps * 32
+    return None if config.programs is None else registers_per_thread(cdiv(config.programs, backend.num_sms()),
+                                                                      config.num_warps)
+
+
+def registers_per_thread(programs_per_sm: int, num_warps: int) -> int | None:
+    """``REGISTERS_PER_SM`` shared by ``programs_per_sm`` programs of ``num_warps`` warps, in whole steps of 8, at most
+    255; None where they exceed ``THREADS_PER_SM`` (``register_cap``; the Triton reference's persistent grids too)."""
+    threads = programs_per_sm * num_warps * 32
     return None if threads > THREADS_PER_SM else min(255, REGISTERS_PER_SM // threads // 8 * 8)
 
 

@@ -32,6 +32,7 @@ SHAPES = [
         ((2048, 65536), torch.bfloat16, "gemma", 1.0, None),
         ((4096, 2304), torch.bfloat16, "gemma", 1.0, None),  # H200: the forward on Mosaic GPU (MOSAIC_FWD_F32_BY_MODEL)
         ((32768, 5376), torch.bfloat16, "llama", 0.0, None),  # H200: jaxlib's launch (FWD_FFI_XLA_TILE_BY_MODEL)
+        ((4096, 12288), torch.bfloat16, "llama", 0.0, None),  # H200: jaxlib's launch of (1, 16) (the same table)
 ]
 
 

@@ -137,28 +137,30 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     assert not forward(32768, 132, 2, True, 8192, True, "h200").chunked(32768)
 
 
-def test_h200_launches_the_forward_of_2304_to_6144_by_jaxlib_on_xla_s_tile_per_product(monkeypatch):
-    """``FWD_FFI_XLA_TILE_BY_MODEL``: on an H200 the forward of 16-bit rows of 2304, 2560, 3072, 4608, 5376 and 6144
-    columns (plain and fused add alike) keeps the heuristic's tile and takes jaxlib's launch from the table's rows per
-    SM for its product: Llama's from 96 rows per SM at 2304 and at every row count at the others; Gemma's float32
-    product from 128 rows per SM at 2304/2560, 64 at 3072, every row count at 5376/6144, never at 4608 (Mosaic GPU's
-    there, ``auto.MOSAIC_FWD_F32_BY_MODEL``). Float32 rows, 3840 and the H100 keep XLA's launch. Broken variant: the
-    table emptied launches none by jaxlib."""
+def test_h200_launches_the_forward_of_2304_to_12288_by_jaxlib_on_xla_s_tile_per_product(monkeypatch):
+    """``FWD_FFI_XLA_TILE_BY_MODEL``: on an H200 the forward of 16-bit rows of 2304, 2560, 3072, 4608, 5376, 6144 and
+    12288 columns (plain and fused add alike) keeps the heuristic's tile and takes jaxlib's launch from the table's
+    rows per SM for its product: Llama's from 96 rows per SM at 2304 and at every row count at the others; Gemma's
+    float32 product from 128 rows per SM at 2304/2560, 64 at 3072, every row count at 5376/6144, never at 4608
+    (Mosaic GPU's there, ``auto.MOSAIC_FWD_F32_BY_MODEL``) or 12288. Float32 rows, 3840 and the H100 keep XLA's
+    launch. Broken variant: the table emptied launches none by jaxlib."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
-    widths = (2304, 2560, 3072, 3840, 4608, 5376, 6144)
+    widths = (2304, 2560, 3072, 3840, 4608, 5376, 6144, 12288)
     shapes = [(m, n, f, p, s) for m in (4096, 8192, 16384, 32768) for n in widths for f in (False, True)
               for p in (False, True) for s in (2, 4)]
     h100 = forward_tiles(shapes)
     assert not any(c.ffi_launch for c in h100.values())
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
     h200 = forward_tiles(shapes)
-    least = {2304: (96, 128), 2560: (0, 128), 3072: (0, 64), 4608: (0, None), 5376: (0, 0), 6144: (0, 0)}
+    least = {2304: (96, 128), 2560: (0, 128), 3072: (0, 64), 4608: (0, None), 5376: (0, 0), 6144: (0, 0),
+             12288: (0, None)}
     for (m, n, fused, product, size), config in h200.items():
         bound = least.get(n, (None, None))[0 if product else 1] if size == 2 else None
         expected = bound is not None and m >= bound * 132
         assert config == dataclasses.replace(h100[m, n, fused, product, size], ffi_launch=expected), (m, n, product)
     assert h200[16384, 2304, False, True, 2].ffi_launch and not h200[8192, 2304, False, True, 2].ffi_launch
     assert h200[4096, 5376, True, False, 2] == h200[4096, 5376, False, False, 2]  # one tile for both forwards
+    assert h200[4096, 12288, False, True, 2].ffi_launch and not h200[4096, 12288, False, False, 2].ffi_launch
     monkeypatch.setattr(pallas_config, "FWD_FFI_XLA_TILE_BY_MODEL", {})
     assert forward_tiles(shapes) == h100

@@ -1,8 +1,8 @@
 """``bench.offline_triton``: the Triton reference's kernels compiled for sm_90 on a machine without a GPU, from the
 launches its own launcher makes on ``meta`` tensors. The launches are specialised as Triton's JIT specialises them,
 and a persistent grid whose programs do not all fit an SM at once is visible (``per_sm`` below ``asks``): Gemma's
-fused add backward of rows of 5120 held as pieces (162 registers on 8 warps, one of the two programs per SM its grid
-asks), which a register cap of 128 makes fit."""
+fused add backward of rows of 5120 held as pieces without a register cap (162 registers on 8 warps, one of the two
+programs per SM its grid asks), which the launcher's cap of 128 makes fit."""
 
 from __future__ import annotations
 
@@ -44,15 +44,17 @@ def _cli(*argv: str) -> list[str]:
     return out.stdout.splitlines()
 
 
-def test_flags_a_persistent_grid_that_does_not_fit_and_a_register_cap_makes_it_fit():
-    """Gemma's fused add backward at 32768×5120 (pieces on 8 warps, 2 programs per SM): one fits at a time, so the
-    grid runs a second wave (the check fails here, so it can fail); Llama's product fits both. Assembled under
-    ``--maxnreg 128`` (what ``pallas_config.register_cap`` gives such a grid) both of Gemma's fit. The dweight
-    reduction walks no row blocks: nothing asked."""
+def test_the_launcher_s_register_cap_makes_a_persistent_grid_fit():
+    """Gemma's fused add backward at 32768×5120 (pieces on 8 warps, 2 programs per SM): the launcher asks a register
+    cap of 128 (``triton_kernels.backward_register_cap``, what ``pallas_config.register_cap`` gives such a grid), so
+    both fit at once. Broken variant: assembled without it (``--maxnreg 0``) one fits at a time and the grid runs a
+    second wave, which the report flags. Llama's product fits both either way. The dweight reduction walks no row
+    blocks: nothing asked, no cap."""
     gemma, reduce = _cli("32768x5120", "--fused", "--casting", "gemma")
-    assert "bwd_pieces_kernel warps=8" in gemma and gemma.endswith("1 per SM (its grid asks 2)")
-    assert "_dweight_reduce_kernel" in reduce and "asks" not in reduce
-    capped = _cli("32768x5120", "--fused", "--casting", "gemma", "--maxnreg", "128")[0]
-    assert "maxnreg=128: 128 registers" in capped and capped.endswith("2 per SM (its grid asks 2)")
-    llama = _cli("32768x5120", "--fused")[0]
+    assert "bwd_pieces_kernel warps=8 grid=(263, 1) maxnreg=128: 128 registers" in gemma
+    assert gemma.endswith("2 per SM (its grid asks 2)")
+    assert "_dweight_reduce_kernel" in reduce and "maxnreg=None" in reduce and "asks" not in reduce
+    uncapped = _cli("32768x5120", "--fused", "--casting", "gemma", "--maxnreg", "0")[0]
+    assert "maxnreg=None" in uncapped and uncapped.endswith("1 per SM (its grid asks 2)")
+    llama = _cli("32768x5120", "--fused", "--maxnreg", "0")[0]
     assert llama.endswith("2 per SM (its grid asks 2)")

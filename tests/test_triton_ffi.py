@@ -222,10 +222,10 @@ def test_gpu_fused_add_y_is_rms_norm_of_h_bit_for_bit(n):
 @hopper
 @pytest.mark.parametrize("m,n,casting", [(4096, 1024, "llama"), (32768, 1024, "llama"), (8192, 2048, "llama"),
                                           (32768, 2304, "llama"), (32768, 2304, "gemma"), (4096, 5376, "llama"),
-                                          (8192, 6144, "gemma")])
+                                          (8192, 6144, "gemma"), (4096, 12288, "llama")])
 def test_gpu_xla_tile_fused_add_keeps_rms_norm_s_rstd_bits(m, n, casting):
     """Where both forwards are launched by jaxlib on XLA's tiles (``FWD_FFI_FEW_ROWS`` at 4096×1024; on an H200
-    ``FWD_FFI_ALL_ROWS`` at 1024-2048 columns, ``FWD_FFI_XLA_TILE_BY_MODEL`` at 2304-6144 per casting): the fused
+    ``FWD_FFI_ALL_ROWS`` at 1024-2048 columns, ``FWD_FFI_XLA_TILE_BY_MODEL`` at 2304-12288 per casting): the fused
     add's rstd (which its backward's dweight is built on) is ``rms_norm(h)``'s bits, and its y. Broken variant: the
     fused add's forward launched by XLA (XLA's Triton sums a thread's elements in another order), whose rstd bits
     differ."""
