@@ -84,14 +84,21 @@ TWO_PASS_MANY_ROWS_PER_SM = 96
 # 3.95 / 4.01 → 4.02 / 4.15 / 4.02.
 FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, (4096, 8), None)}}
 # Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y is then within two
-# ulps of rms_norm(h)'s, not its bits: docs/jax.md) of 16-bit rows of these lengths in two passes,
-# (chunk columns, warps), Llama's and Gemma's casting alike. Forty-seventh session (same method and file, §3), the
+# ulps of rms_norm(h)'s, not its bits: docs/jax.md) of 16-bit rows of these lengths in two passes, (chunk columns,
+# warps) for the weight's product in the row's dtype (Llama's casting), then in float32 (Gemma's); None: resident.
+# Forty-seventh session (same method and file, §3), the
 # resident (1, 16) by jaxlib → two passes of (8192, 32), plain / plain by torch, TB/s: bf16 llama 16384×32768 3.99 /
 # 3.99 → 4.30 / 4.30, 8192×32768 3.96 / 3.96 → 4.26 / 4.26 (torch.compile 4.18-4.19 in the suite), 4096×32768 3.90 /
 # 3.89 → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.24 / 4.24 (torch.compile 4.26-4.27), 4096×32768 3.67 / 3.67 →
 # 4.15 / 4.14; (4096, 32) 0.3-0.9% below, (8192, 16) 3.94-4.01. The fused add on two passes of (8192, 32) 3.71-3.76
 # against 4.18-4.29 resident (its second pass re-reads x and the residual, 128 KB a row, past L1): it keeps its tile.
-FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple[int, int]]] = {"h200": {32768: (8192, 32)}}
+# Fiftieth session (same method; probes_h200_2026-11-29_fiftieth.md §4), Gemma's float32 product, the resident (1, 8)
+# / (1, 16) by jaxlib → two passes, plain / plain by torch at 4096 / 32768 rows, TB/s: 8192 on (4096, 16) 3.94 /
+# 4.28, 3.91 / 4.28 → 4.01 / 4.29, 3.95 / 4.29 (torch.compile's own kernel: two passes of 2048 on 16 warps, 4.03 at
+# 4096 rows in the suite); 16384 on (8192, 16) 3.93 / 4.15, 3.94 / 4.15 → 4.07 / 4.29, 4.07 / 4.29. Not Llama's
+# product: 8192 +0.5%, 16384 -0.3% (4096 rows), level at 32768 rows.
+FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {
+    32768: ((8192, 32), (8192, 32)), 8192: (None, (4096, 16)), 16384: (None, (8192, 16))}}
 
 
 def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132, *,
@@ -100,12 +107,13 @@ def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms
     ``itemsize``-byte elements (16-bit rows of its widths; ``product_in_dtype``: ``kernels.product_in_dtype``, else
     the float32 product's tile for few or, from ``TWO_PASS_MANY_ROWS_PER_SM`` per SM of ``sms``, many rows), on the
     GPU ``model`` (``backend.model_slug``) ``FWD_FFI_TWO_PASS_BY_MODEL``'s entry and for the plain forward
-    ``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``'s where they name one, or None; both stacks' heuristics read it
+    ``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``'s for its product where they name one, or None; both stacks' heuristics read it
     (``pallas_config.two_pass_tile``; the Pallas kernels' where ``triton_ffi.available()``)."""
     if itemsize != 2:
         return None
-    if not fused and (plain := FWD_FFI_TWO_PASS_PLAIN_BY_MODEL.get(model, {}).get(n)):
-        return plain
+    plain = None if fused else FWD_FFI_TWO_PASS_PLAIN_BY_MODEL.get(model, {}).get(n)
+    if plain and (tile := plain[0 if product_in_dtype else 1]):
+        return tile
     tiles = FWD_FFI_TWO_PASS_BY_MODEL.get(model, {}).get(n, FWD_FFI_TWO_PASS.get(n))
     if tiles is None:
         return None
@@ -193,6 +201,13 @@ FWD_FFI_XLA_TILE_BY_MODEL: dict[str, dict[int, tuple[int | None, int | None]]] =
 # 2.19 / 2.34 (2.29); 32768×2304 2.81 / 2.84 against XLA's launch 2.70 / 2.85 (its fused add took 135 registers
 # and read 2.19 without the cap), 4096×2304 2.17 / 2.32 against 2.11 / 2.32.
 BWD_FFI_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
+# BWD_FFI_PIECES' entries on the GPU model named, where they differ: the fused add's tile (the plain backward's grid:
+# BWD_FFI_PIECES_PLAIN_BY_MODEL takes its warps and prefetch). Fiftieth session (H200, bf16, from JAX, kernels timed
+# over rotated inputs, two rounds; probes_h200_2026-11-29_fiftieth.md §3), the fused add's backward at 2304 on 2
+# warps prefetching, TB/s at 4096 / 32768 rows: Llama 2.90 / 3.69 → 2.94 / 3.87, Gemma 2.96 / 3.77 → 3.07 / 3.89
+# (4 warps prefetching: Llama 2.71 / 3.54, Gemma 2.99 / 4.03). 2560 keeps (4, 4, False): 2 warps prefetching lost
+# 11-15% at 32768 rows.
+BWD_FFI_PIECES_BY_MODEL = {"h200": {2304: (2, 4, True)}}
 # rms_norm's backward (not the fused add's) of those rows: (warps, prefetch, most rows per program or None) on
 # BWD_FFI_PIECES' grid, one row per program at a time, so dweight keeps the fused add's bits (dx's follow the warps).
 # Twenty-fourth session (H100, bf16, from JAX; probes_h100_2026-11-26_twentyfourth.md §7): 5120 on 4 warps,

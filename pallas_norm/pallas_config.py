@@ -11,10 +11,10 @@ import dataclasses
 
 from . import backend, l1_hints
 from .band_tables import BANDS_MIN_COLS, band_grid
-from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_PLAIN,  # noqa: F401
-                         BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS, FWD_FFI_FEW_ROWS,
-                         FWD_FFI_EXACT_BY_MODEL, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL, FWD_FFI_TWO_PASS,
-                         FWD_FFI_XLA_TILE_BY_MODEL, two_pass_tile)
+from .ffi_tables import (BWD_FFI_HELD, BWD_FFI_MIN_ROWS_PER_SM, BWD_FFI_PIECES, BWD_FFI_PIECES_BY_MODEL,  # noqa: F401
+                         BWD_FFI_PIECES_PLAIN, BWD_FFI_PIECES_PLAIN_BY_MODEL, BWD_FFI_RESIDENT, FWD_FFI_ALL_ROWS,
+                         FWD_FFI_FEW_ROWS, FWD_FFI_EXACT_BY_MODEL, FWD_FFI_RESIDENT, FWD_FFI_RESIDENT_BY_MODEL,
+                         FWD_FFI_TWO_PASS, FWD_FFI_XLA_TILE_BY_MODEL, two_pass_tile)
 from .tile_tables import (BWD_CHUNKED, BWD_PIECES, BWD_RESIDENT, FWD_ADD_RESIDENT, FWD_CHUNKED,  # noqa: F401
                           FWD_ELEMS_PER_WARP, FWD_ONE_WARP, FWD_RESIDENT, ONE_PROGRAM_ELEMS, PADDED_FILL, TARGET_ELEMS)
 
@@ -247,7 +247,8 @@ def heuristic(m: int, n: int, *, backward: bool, fused: bool = False, itemsize: 
         return fit(Config(min(block_rows, rows), n_pad, warps, ffi_launch=ffi, l1_hints=hints), m, n, backward=False)
     pieces, ffi = n in BWD_PIECES, held or ffi_backward(n, m)
     if pieces:
-        (warps, per_sm, prefetch), block_rows, reload_weight = (BWD_FFI_PIECES if ffi else BWD_PIECES)[n], 1, False
+        tile = model_entry(BWD_FFI_PIECES_BY_MODEL, BWD_FFI_PIECES, n) if ffi else BWD_PIECES[n]
+        (warps, per_sm, prefetch), block_rows, reload_weight = tile, 1, False
     else:
         elems, warps, per_sm, prefetch, reload_weight = BWD_RESIDENT[n_pad]
         block_rows = min(max(1, elems // n_pad), MAX_BLOCK_ROWS, rows)

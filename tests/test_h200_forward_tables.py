@@ -95,17 +95,18 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     """On an H200 (``ffi_tables.FWD_FFI_TWO_PASS_BY_MODEL``, ``FWD_FFI_EXACT_BY_MODEL``): 16-bit rows of 5120 leave
     the two passes for the resident (1, 8) launched by jaxlib (Llama's product; Gemma's float32 product from 96 rows
     per SM), Gemma's fewer rows take two passes of (4096, 8); float32 rows of 5120 take the resident (1, 8) too. The
-    plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), the
-    fused add's keeps its resident (1, 16); float32 rows keep theirs. The Triton reference reads the same entries
-    (its resident 5120 with N constant, ``triton_config.FWD_RESIDENT_BY_MODEL``).
+    plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), and
+    with Gemma's float32 product those of 8192 and 16384 two passes of (4096, 16) and (8192, 16); the fused add's
+    keeps its resident tile, as Llama's product at 8192 and 16384 and float32 rows. The Triton reference reads the
+    same entries (its resident 5120 with N constant, ``triton_config.FWD_RESIDENT_BY_MODEL``).
     The broken variant: with the per-model two-pass tables emptied, the H200 runs the H100's two passes at 5120 and
-    one tile for both forwards at 32768."""
+    one tile for both forwards at 8192-32768."""
     from pallas_norm import ffi_tables
     from torch_bridge import triton_config
 
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
-    shapes = [(m, n, f, p, s) for m in (4096, 32768) for n in (5120, 32768) for f in (False, True)
+    shapes = [(m, n, f, p, s) for m in (4096, 32768) for n in (5120, 8192, 16384, 32768) for f in (False, True)
               for p in (False, True) for s in (2, 4)]
 
     h100 = forward_tiles(shapes)
@@ -117,22 +118,29 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
             resident = size == 4 or product or m == 32768
             assert got == ((1, 8192, 8, True, True) if resident else (1, 4096, 8, True, True)), (m, n, fused, product)
             assert config.programs == (None if resident else m)
-        elif size == 2 and not fused:
+        elif n == 32768 and size == 2 and not fused:
             assert got == (1, 8192, 32, True, True) and config.programs == m
-        else:
+        elif n == 32768:
             assert config == h100[m, n, fused, product, size] == Config(1, 32768, 16, ffi_launch=True, l1_hints=True)
+        elif size == 2 and not fused and not product:
+            assert got == (1, n // 2, 16, True, True) and config.programs == m, (m, n)
+        else:
+            assert config.resident(n) and config.programs is None, (m, n, fused, product, size)
     with monkeypatch.context() as broken:
         broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_BY_MODEL", {})
         broken.setattr(ffi_tables, "FWD_FFI_TWO_PASS_PLAIN_BY_MODEL", {})
         without = forward_tiles(shapes)
     key = (32768, 5120, False, True, 2)
     assert without[key] == h100[key] != h200[key]
-    assert without[4096, 32768, False, True, 2] == without[4096, 32768, True, True, 2]  # one tile
+    for n in (8192, 16384, 32768):  # one tile
+        assert without[4096, n, False, False, 2] == without[4096, n, True, False, 2] != h200[4096, n, False, False, 2]
+    assert h200[4096, 8192, False, True, 2] == h200[4096, 8192, True, True, 2]  # Llama's product: one tile
     forward = triton_config.forward_config
     assert forward(5120, 132, 2, True, 32768, False, "h200") == triton_config.Config(1, 8192, 8, l1_hints=True,
                                                                                    n_const=True)
     assert forward(5120, 132, 2, False, 4096, False, "h200") == triton_config.Config(1, 4096, 8, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, False, "h200") == triton_config.Config(1, 8192, 32, l1_hints=True)
+    assert forward(16384, 132, 2, False, 8192, False, "h200") == triton_config.Config(1, 8192, 16, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, True, "h200") == forward(32768, 132, 2, True, 8192, True)
     assert not forward(32768, 132, 2, True, 8192, True, "h200").chunked(32768)
 

@@ -125,11 +125,11 @@ def test_plain_backward_takes_its_own_tile_on_the_fused_add_s_grid(monkeypatch):
     assert not np.array_equal(np.asarray(other), np.asarray(fused))
 
 
-def test_h200_plain_backward_of_2304_and_2560_prefetches_at_every_row_count(monkeypatch):
+def test_h200_backward_of_2304_and_2560_prefetches_at_every_row_count(monkeypatch):
     """``BWD_FFI_PIECES_PLAIN_BY_MODEL``: on an H200 ``rms_norm``'s backward of rows of 2304 and 2560 prefetches
     however many rows each program takes (the H100's table stops at 32 rows of 2304 and never prefetches 2560), on
-    the fused add's grid, whose tile stays unprefetched; 5120 keeps the H100's tile. Broken variant: the H100's
-    table."""
+    the fused add's grid; the fused add's tile (``BWD_FFI_PIECES_BY_MODEL``) prefetches on 2 warps at 2304 and stays
+    unprefetched at 2560; 5120 keeps the H100's tile. Broken variant: the H100's tables."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
     shapes = [(m, n) for m in (4096, 16897, 32768, 65536) for n in (2304, 2560, 5120)]
@@ -143,9 +143,10 @@ def test_h200_plain_backward_of_2304_and_2560_prefetches_at_every_row_count(monk
     assert h100[(32768, 2304)] == ((4, False), (4, False))
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
     h200 = tiles()
-    assert {s for s in shapes if h200[s] != h100[s]} == {(16897, 2304), (32768, 2304), (65536, 2304)} | {
-        (m, 2560) for m in (4096, 16897, 32768, 65536)}
-    assert {h200[(m, n)] for m in (4096, 16897, 32768, 65536) for n in (2304, 2560)} == {((4, True), (4, False))}
+    assert {s for s in shapes if h200[s] != h100[s]} == {(m, n) for m in (4096, 16897, 32768, 65536)
+                                                         for n in (2304, 2560)}
+    assert {h200[(m, 2304)] for m in (4096, 16897, 32768, 65536)} == {((4, True), (2, True))}
+    assert {h200[(m, 2560)] for m in (4096, 16897, 32768, 65536)} == {((4, True), (4, False))}
 
 
 def test_pieces_only_tile_the_resident_backward():
@@ -168,8 +169,8 @@ def test_pieces_only_tile_the_resident_backward():
                                                 (33000, 2304, "gemma", 1.0),
                                                 (5000, 2560, "llama", 0.0)])
 def test_gpu_pieces(m, n, casting, offset):
-    """The compiled heuristic (pieces at these widths, one program at 8 rows; at 33000 rows of 2304 and 5000 of 2560
-    an H200's plain backward prefetches and the fused add's does not) against the float64 reference; dweight the
+    """The compiled heuristic (pieces at these widths, one program at 8 rows; on an H200 the plain backward
+    prefetches on 4 warps, the fused add's on 2 at 2304 and not at 2560) against the float64 reference; dweight the
     same bits over repeated calls and the fused add's the same as ``rms_norm(h)``'s."""
     assert pallas_config.heuristic(m, n, backward=True).pieces
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, offset, seed=m + n, weight_dtype=jnp.float32)

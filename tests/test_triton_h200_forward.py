@@ -25,15 +25,18 @@ def _tile(n: int, low: bool, m: int, fused: bool, model: str = "h200", itemsize:
 
 def test_h200_takes_the_table_for_16_bit_rows_of_its_widths():
     """Both products (llama's in the row dtype, gemma's float32), plain and fused add, 4096 and 32768 rows: the table's
-    tile, except Gemma's 4096×5120, which two passes take (``ffi_tables.FWD_FFI_TWO_PASS_BY_MODEL``). Not on other
-    models, not for float32 rows, not at other widths (2300, 5000: the general rule)."""
+    tile, except where two passes take them: Gemma's 4096×5120 (``ffi_tables.FWD_FFI_TWO_PASS_BY_MODEL``) and
+    Gemma's plain forward of 8192 and 16384 (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``). Not on other models, not for
+    float32 rows, not at other widths (2300, 5000: the general rule)."""
+    two_passes = {(5120, 4096, False): 4096, (5120, 4096, True): 4096} | {
+        (n, m, False): n // 2 for n in (8192, 16384) for m in (4096, 32768)}
     for n, (rows, warps, n_const) in TABLE.items():
         want = (rows, triton_config.next_pow2(n), warps, n_const)
         for low in (True, False):
             for m in (4096, 32768):
                 for fused in (False, True):
-                    got = _tile(n, low, m, fused)
-                    assert got == (("two passes", 4096) if (n, low, m) == (5120, False, 4096) else want), (n, low, m)
+                    chunk = None if low else two_passes.get((n, m, fused))
+                    assert _tile(n, low, m, fused) == (("two passes", chunk) if chunk else want), (n, low, m, fused)
     for n in TABLE:
         for model, itemsize in (("h100", 2), ("", 2), ("h200", 4)):
             assert _tile(n, True, 32768, False, model, itemsize) == _tile(n, True, 32768, False, "", itemsize)

@@ -244,12 +244,13 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 
 
 def backward_register_cap(programs: int, sms: int, num_warps: int, iters: int) -> int | None:
-    """The assembler's register cap (``maxnreg``) for the backward's grid of ``programs`` walking ``iters`` row blocks
-    each: where they walk more than one, the registers that let all of them be resident at once
-    (``pallas_config.registers_per_thread``, as the Pallas kernels' ``register_cap``) if below the hardware's 255;
-    None otherwise. Without it the fused add's pieces backward for Gemma took 162 registers: 3 of 4 programs per SM
-    fitted at 2560 columns, 1 of 2 at 5120 (probes_h200_2026-11-29_fortyninth.md §7), and the grid ran a second
-    wave."""
+    """The most registers per thread for the backward's grid of ``programs`` walking ``iters`` row blocks each
+    (``triton_launch.launch``'s ``max_registers``: a kernel taking more is compiled again under that cap): where they
+    walk more than one, the registers that let all of them be resident at once (``pallas_config.registers_per_thread``,
+    as the Pallas kernels' ``register_cap``) if below the hardware's 255; None otherwise. Without it the fused add's
+    pieces backward for Gemma took 162 registers: 3 of 4 programs per SM fitted at 2560 columns, 1 of 2 at 5120
+    (probes_h200_2026-11-29_fortyninth.md §7), and the grid ran a second wave. Only where a kernel exceeds it: capping
+    kernels that fitted anyway moved them by -1.4% to +0.2% (ptxas's schedule; fiftieth session)."""
     cap = pallas_config.registers_per_thread(cdiv(programs, sms), num_warps) if iters > 1 else None
     return cap if cap is not None and cap < 255 else None
 
@@ -301,11 +302,10 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         g = max(1, min(row_blocks, cfg.programs_per_sm * triton_launch.sm_count(x) // n_chunks))
         if not chunked:  # the fewest programs keeping the most row blocks each (triton_config's note)
             g = balanced(g, row_blocks)
-    cap = backward_register_cap(g * n_chunks, triton_launch.sm_count(x), cfg.num_warps, cdiv(row_blocks, g))
     direct = need_dweight and g == 1  # the one program per chunk sums every row: it stores dweight itself
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = (dweight if direct else x.new_empty((g, N), dtype=cdt)) if need_dweight else rstd
-    triton_launch.launch(("bwd", need_dx, need_dweight, low, cap, *key), triton_pieces.bwd_pieces_kernel if pieces else
+    triton_launch.launch(("bwd", need_dx, need_dweight, low, *key), triton_pieces.bwd_pieces_kernel if pieces else
                          _bwd_kernel, (g, n_chunks),
                          (x, w_arg, dy, dh_out if has_dh else dy, rstd, c, dx if need_dx else x, partials, M, N, g,
                           cdiv(row_blocks, g), offset),
@@ -316,11 +316,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       HAS_DH=has_dh, DW_DIRECT=direct, PREFETCH=cfg.prefetch,
                                       CASTING=CASTING_CODES[casting],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else _TL_DTYPES[cdt],
-                                      num_warps=cfg.num_warps, **({} if cap is None else dict(maxnreg=cap)),
+                                      num_warps=cfg.num_warps,
                                       **({} if pieces else dict(LOW=low, N_CONST=N if cfg.n_const and not chunked
                                                                 else 0, RELOAD_W=cfg.reload_weight)),
                                       **_common(x)),
-                         interpret=INTERPRET)
+                         interpret=INTERPRET, max_registers=lambda: backward_register_cap(
+                             g * n_chunks, triton_launch.sm_count(x), cfg.num_warps, cdiv(row_blocks, g)))
     if not need_dweight or direct:
         return dx, dweight
     triton_dweight.reduce(partials, dweight, ("dweight", g, *key))

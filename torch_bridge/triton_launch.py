@@ -18,6 +18,7 @@ import torch
 from triton import knobs
 
 _DIRECT: dict[tuple, Callable | None] = {}
+_CAPPED: dict[tuple, int | None] = {}  # per key: the register cap ``launch`` compiled the kernel under, if any
 
 
 def _direct(compiled, kernel, grid: tuple[int, ...], args: Sequence, meta: dict, device: int) -> Callable | None:
@@ -74,15 +75,32 @@ def _hooks_set() -> bool:
     return any(getattr(h, "calls", h) for h in hooks)
 
 
+def registers(kernel, grid: tuple[int, ...], args: Sequence, meta: dict) -> int:
+    """Registers per thread of ``kernel`` compiled for ``kernel[grid](*args, **meta)`` (compiled without launching;
+    Triton's cache keeps it for that launch)."""
+    compiled = kernel.warmup(*args, grid=grid, **meta)
+    compiled._init_handles()  # loads the module: the driver reports its registers
+    return compiled.n_regs
+
+
 def launch(key: tuple, kernel, grid: tuple[int, ...], args: Sequence, meta: Callable[[], dict], *,
-           interpret: bool) -> None:
+           interpret: bool, max_registers: Callable[[], int | None] | None = None) -> None:
     """``kernel[grid](*args, **meta())``; after the first call for ``key`` (on a CUDA device), its launcher alone
-    (``meta`` is a function so that the launches that need no meta-parameters do not build them)."""
+    (``meta`` is a function so that the launches that need no meta-parameters do not build them).
+    ``max_registers()`` (None: no limit): where the kernel as compiled takes more registers per thread than that, it
+    is compiled again with that cap (Triton's ``maxnreg``), decided once per ``key``; a kernel within it keeps the
+    code it was given."""
     go = None if interpret else _DIRECT.get(key)
     if go is not None and not _hooks_set():
         go(args)
         return
     meta = meta()
+    if max_registers is not None and not interpret:
+        if key not in _CAPPED:
+            cap = max_registers()
+            _CAPPED[key] = cap if cap is not None and registers(kernel, grid, args, meta) > cap else None
+        if _CAPPED[key] is not None:
+            meta = {**meta, "maxnreg": _CAPPED[key]}
     compiled = kernel[grid](*args, **meta)
     if not interpret and key not in _DIRECT:
         _DIRECT[key] = _direct(compiled, kernel, grid, args, meta, torch.cuda.current_device())
