@@ -151,12 +151,13 @@ def markdown(result: dict) -> str:
            "(Mosaic GPU's on its heuristic's config; `err`: it failed there)."]
     for route in [r for r in ROUTES if r in groups]:
         shapes = groups[route]
-        names = list(next(iter(shapes.values())))
+        names = list(dict.fromkeys(k for by in shapes.values() for k in by))  # a chunk ≥ a row is another name
         out += ["", f"## {route}", "", "| M×N | " + " | ".join(names) + " | torch route = JAX |",
                 "|---|" + "---|" * (len(names) + 1)]
         for (m, n), by in shapes.items():
             same = result["torch_route_bits"].get(f"{m}x{n}")
-            out.append(f"| {m}×{n} | " + " | ".join(fmt(by[k]) for k in names) + f" | {'yes' if same else 'NO'} |")
+            out.append(f"| {m}×{n} | " + " | ".join(fmt(by[k]) if k in by else "–" for k in names)
+                       + f" | {'yes' if same else 'NO'} |")
     return "\n".join(out) + "\n"
 
 

@@ -90,6 +90,12 @@ def test_ffi_launch_table_shows_both_launches_per_tile_and_the_torch_route_s_bit
             for r in (0, 1) for v in names]
     text = ffi_launch.markdown(dict(env=ENV, rows=rows, torch_route_bits={"8x16384": False}))
     assert "| 8×16384 | 2.500 / 2.510 |" in text and "| err | 2.500 / 2.510 | NO |" in text
+    # a tile whose chunk holds one shape's whole row is named as resident there: a column of its own, "–" elsewhere
+    both = [dict(m=8, n=n, variant=v, round=0, tbps=3.0)
+            for n, v in ((8192, "(1, 32) XLA"), (16384, "(1, 32, 8192) XLA"))]
+    text = ffi_launch.markdown(dict(env=ENV, rows=both, torch_route_bits={}))
+    assert "| (1, 32) XLA | (1, 32, 8192) XLA |" in text
+    assert "| 8×8192 | 3.000 | – | NO |" in text and "| 8×16384 | – | 3.000 | NO |" in text
 
 
 def test_ffi_launch_routes_time_each_forward_with_its_bytes(monkeypatch):
