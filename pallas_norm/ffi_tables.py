@@ -96,7 +96,7 @@ FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, 
 # / (1, 16) by jaxlib → two passes, plain / plain by torch at 4096 / 32768 rows, TB/s: 8192 on (4096, 16) 3.94 /
 # 4.28, 3.91 / 4.28 → 4.01 / 4.29, 3.95 / 4.29 (torch.compile's own kernel: two passes of 2048 on 16 warps, 4.03 at
 # 4096 rows in the suite); 16384 on (8192, 16) 3.93 / 4.15, 3.94 / 4.15 → 4.07 / 4.29, 4.07 / 4.29. Not Llama's
-# product: 8192 +0.5%, 16384 -0.3% (4096 rows), level at 32768 rows.
+# product: 8192 +0.5% / level, 16384 level / -0.3% (4096 / 32768 rows).
 FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {
     32768: ((8192, 32), (8192, 32)), 8192: (None, (4096, 16)), 16384: (None, (8192, 16))}}
 
