@@ -86,12 +86,12 @@ FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, 
 # Per GPU model: the plain forward (not the fused add's, which keeps its resident tile and whose y is then within two
 # ulps of rms_norm(h)'s, not its bits: docs/jax.md) of 16-bit rows of these lengths in two passes, (chunk columns,
 # warps) for the weight's product in the row's dtype (Llama's casting), then in float32 (Gemma's); None: resident.
-# Forty-seventh session (same method and file, §3), the
-# resident (1, 16) by jaxlib → two passes of (8192, 32), plain / plain by torch, TB/s: bf16 llama 16384×32768 3.99 /
-# 3.99 → 4.30 / 4.30, 8192×32768 3.96 / 3.96 → 4.26 / 4.26 (torch.compile 4.18-4.19 in the suite), 4096×32768 3.90 /
-# 3.89 → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.24 / 4.24 (torch.compile 4.26-4.27), 4096×32768 3.67 / 3.67 →
-# 4.15 / 4.14; (4096, 32) 0.3-0.9% below, (8192, 16) 3.94-4.01. The fused add on two passes of (8192, 32) 3.71-3.76
-# against 4.18-4.29 resident (its second pass re-reads x and the residual, 128 KB a row, past L1): it keeps its tile.
+# Forty-seventh session (same method and file, §3), the resident (1, 16) by jaxlib → two passes of (8192, 32), plain /
+# plain by torch, TB/s: bf16 llama 16384×32768 3.99 / 3.99 → 4.30 / 4.30, 8192×32768 3.96 / 3.96 → 4.26 / 4.26
+# (torch.compile 4.18-4.19 in the suite), 4096×32768 3.90 / 3.89 → 4.18 / 4.17; gemma 8192×32768 3.73 / 3.73 → 4.24 /
+# 4.24 (torch.compile 4.26-4.27), 4096×32768 3.67 / 3.67 → 4.15 / 4.14; (4096, 32) 0.3-0.9% below, (8192, 16) 3.94-4.01.
+# The fused add on two passes of (8192, 32) 3.71-3.76 against 4.18-4.29 resident (its second pass re-reads x and the
+# residual, 128 KB a row, past L1): it keeps its tile.
 # Fiftieth session (same method; probes_h200_2026-11-29_fiftieth.md §4), Gemma's float32 product, the resident (1, 8)
 # / (1, 16) by jaxlib → two passes, plain / plain by torch at 4096 / 32768 rows, TB/s: 8192 on (4096, 16) 3.94 /
 # 4.28, 3.91 / 4.28 → 4.01 / 4.29, 3.95 / 4.29 (torch.compile's own kernel: two passes of 2048 on 16 warps, 4.03 at
