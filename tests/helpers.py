@@ -107,11 +107,11 @@ def wrong_row_length_constant(monkeypatch, value: int = 1000) -> None:
 
     launch = triton_launch.launch
 
-    def wrong(key, kernel, grid, args, meta, *, interpret):
+    def wrong(key, kernel, grid, args, meta, **kw):
         def broken():
             m = meta()
             return {**m, "N_CONST": value} if m.get("N_CONST") else m
-        launch(("broken", *key), kernel, grid, args, broken, interpret=interpret)
+        launch(("broken", *key), kernel, grid, args, broken, **kw)
 
     monkeypatch.setattr(triton_launch, "launch", wrong)
 

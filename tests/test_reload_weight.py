@@ -29,10 +29,10 @@ def _rolled_weight(monkeypatch) -> None:
     """Every launch with ``RELOAD_W`` reads the weight rolled by one column (the broken variant)."""
     launch = triton_kernels.triton_launch.launch
 
-    def rolled(key, kernel, grid, args, meta, *, interpret):
+    def rolled(key, kernel, grid, args, meta, **kw):
         if meta().get("RELOAD_W"):
             key, args = ("rolled", *key), (args[0], torch.roll(args[1], 1), *args[2:])
-        launch(key, kernel, grid, args, meta, interpret=interpret)
+        launch(key, kernel, grid, args, meta, **kw)
 
     monkeypatch.setattr(triton_kernels.triton_launch, "launch", rolled)
 
