@@ -34,17 +34,17 @@ SMS = offline.SMS
 @contextlib.contextmanager
 def captured(model: str = "h200", sms: int = SMS) -> Iterator[list[tuple]]:
     """Within: the reference's launches append ``(kernel, grid, args, meta)`` instead of running, on a GPU of ``sms``
-    SMs named ``model``; a launch given ``max_registers`` is compiled as the launcher does, its ``meta`` given that
-    cap as ``maxnreg`` where it takes more registers."""
+    SMs named ``model``; a launch naming ``max_registers`` is compiled as the launcher does, its ``meta`` given that
+    cap as ``maxnreg`` where it takes more registers (``triton_launch.fitted_cap``)."""
     from torch_bridge import triton_launch
 
     calls: list[tuple] = []
 
-    def capture(key, kernel, grid, args, meta, *, interpret, max_registers=None):
-        meta, cap = meta(), max_registers and max_registers()
-        if cap is not None and report(kernel, tuple(grid), tuple(args), meta).registers > cap:
-            meta = {**meta, "maxnreg": cap}
-        calls.append((kernel, tuple(grid), tuple(args), meta))
+    def capture(key, kernel, grid, args, meta, *, interpret):
+        meta = meta()
+        cap = triton_launch.fitted_cap(meta.pop("max_registers", None),
+                                       lambda: report(kernel, tuple(grid), tuple(args), meta).registers)
+        calls.append((kernel, tuple(grid), tuple(args), {**meta, "maxnreg": cap} if cap else meta))
 
     with mock.patch.object(triton_launch, "launch", capture), \
             mock.patch.object(triton_launch, "sm_count", lambda x: sms), \

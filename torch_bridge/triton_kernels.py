@@ -245,7 +245,8 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 
 def backward_register_cap(programs: int, sms: int, num_warps: int, iters: int) -> int | None:
     """The most registers per thread for the backward's grid of ``programs`` walking ``iters`` row blocks each
-    (``triton_launch.launch``'s ``max_registers``: a kernel taking more is compiled again under that cap): where they
+    (``triton_launch.launch``'s ``max_registers``, in its meta-parameters, built on the first launch only: a kernel
+    taking more is compiled again under that cap): where they
     walk more than one, the registers that let all of them be resident at once (``pallas_config.registers_per_thread``,
     as the Pallas kernels' ``register_cap``) if below the hardware's 255; None otherwise. Without it the fused add's
     pieces backward for Gemma took 162 registers: 3 of 4 programs per SM fitted at 2560 columns, 1 of 2 at 5120
@@ -319,9 +320,10 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                                       num_warps=cfg.num_warps,
                                       **({} if pieces else dict(LOW=low, N_CONST=N if cfg.n_const and not chunked
                                                                 else 0, RELOAD_W=cfg.reload_weight)),
+                                      max_registers=backward_register_cap(g * n_chunks, triton_launch.sm_count(x),
+                                                                          cfg.num_warps, cdiv(row_blocks, g)),
                                       **_common(x)),
-                         interpret=INTERPRET, max_registers=lambda: backward_register_cap(
-                             g * n_chunks, triton_launch.sm_count(x), cfg.num_warps, cdiv(row_blocks, g)))
+                         interpret=INTERPRET)
     if not need_dweight or direct:
         return dx, dweight
     triton_dweight.reduce(partials, dweight, ("dweight", g, *key))

@@ -83,22 +83,28 @@ def registers(kernel, grid: tuple[int, ...], args: Sequence, meta: dict) -> int:
     return compiled.n_regs
 
 
+def fitted_cap(cap: int | None, registers_taken: Callable[[], int]) -> int | None:
+    """``cap`` where the kernel takes more registers per thread than it (``registers_taken()``, asked only then),
+    else None: ``launch``'s ``max_registers`` rule (``bench.offline_triton`` applies it too)."""
+    return cap if cap is not None and registers_taken() > cap else None
+
+
 def launch(key: tuple, kernel, grid: tuple[int, ...], args: Sequence, meta: Callable[[], dict], *,
-           interpret: bool, max_registers: Callable[[], int | None] | None = None) -> None:
+           interpret: bool) -> None:
     """``kernel[grid](*args, **meta())``; after the first call for ``key`` (on a CUDA device), its launcher alone
     (``meta`` is a function so that the launches that need no meta-parameters do not build them).
-    ``max_registers()`` (None: no limit): where the kernel as compiled takes more registers per thread than that, it
-    is compiled again with that cap (Triton's ``maxnreg``), decided once per ``key``; a kernel within it keeps the
-    code it was given."""
+    ``meta()`` may name ``max_registers`` (not a Triton option; None: no limit): where the kernel as compiled takes
+    more registers per thread than that, it is compiled again with that cap (Triton's ``maxnreg``), decided once per
+    ``key`` (``fitted_cap``); a kernel within it keeps the code it was given."""
     go = None if interpret else _DIRECT.get(key)
     if go is not None and not _hooks_set():
         go(args)
         return
     meta = meta()
-    if max_registers is not None and not interpret:
+    cap = meta.pop("max_registers", None)
+    if cap is not None and not interpret:
         if key not in _CAPPED:
-            cap = max_registers()
-            _CAPPED[key] = cap if cap is not None and registers(kernel, grid, args, meta) > cap else None
+            _CAPPED[key] = fitted_cap(cap, lambda: registers(kernel, grid, args, meta))
         if _CAPPED[key] is not None:
             meta = {**meta, "maxnreg": _CAPPED[key]}
     compiled = kernel[grid](*args, **meta)
