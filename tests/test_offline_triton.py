@@ -2,7 +2,8 @@
 launches its own launcher makes on ``meta`` tensors. The launches are specialised as Triton's JIT specialises them,
 and a persistent grid whose programs do not all fit an SM at once is visible (``per_sm`` below ``asks``): Gemma's
 fused add backward of rows of 5120 held as pieces without a register cap (162 registers on 8 warps, one of the two
-programs per SM its grid asks), which the launcher's cap of 128 makes fit."""
+programs per SM its grid asks), which the launcher's cap of 128 makes fit; Gemma's pieces backward summing its row
+without converting the 2048 piece between layouts."""
 
 from __future__ import annotations
 
@@ -35,13 +36,18 @@ def test_launches_are_captured_and_specialised_as_triton_s_jit_does():
     assert at["N"] not in odd[2]
 
 
-def _cli(*argv: str) -> list[str]:
-    """``python -m bench.offline_triton`` in a process of its own: the kernels compile there (this process's
-    Triton interprets them)."""
+def _python(*argv: str) -> list[str]:
+    """``python *argv``'s output lines, in a process of its own: the kernels compile there (this process's Triton
+    interprets them)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "bench.offline_triton", *argv], env=env, capture_output=True,
-                         text=True, check=True, cwd=pathlib.Path(__file__).parent.parent)
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, check=True,
+                         cwd=pathlib.Path(__file__).parent.parent)
     return out.stdout.splitlines()
+
+
+def _cli(*argv: str) -> list[str]:
+    """``python -m bench.offline_triton *argv``'s output lines."""
+    return _python("-m", "bench.offline_triton", *argv)
 
 
 def test_the_launcher_s_register_cap_makes_a_persistent_grid_fit():
@@ -58,3 +64,42 @@ def test_the_launcher_s_register_cap_makes_a_persistent_grid_fit():
     assert "maxnreg=None" in uncapped and uncapped.endswith("1 per SM (its grid asks 2)")
     llama = _cli("32768x5120", "--fused", "--maxnreg", "0")[0]
     assert llama.endswith("2 per SM (its grid asks 2)")
+
+
+# Run as a script: the pieces kernel rebuilt from its own source with the large piece's loads first (the order before
+# the fifty-first session), then ``bench.offline_triton``'s CLI on it.
+_LARGE_PIECE_FIRST = """
+import importlib.util, inspect, pathlib, sys
+from torch_bridge import triton_pieces
+small = "    xb, dyb, dhb = _load(X, DY, DH, rows, row_mask, P0, P1, N, HAS_DH)\\n"
+large = "    xa, dya, dha = _load(X, DY, DH, rows, row_mask, 0, P0, N, HAS_DH)\\n"
+source = inspect.getsource(triton_pieces)
+assert source.count(small + large) == 1
+path = pathlib.Path(sys.argv[1])
+path.write_text(source.replace(small + large, large + small))
+spec = importlib.util.spec_from_file_location("large_piece_first", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+triton_pieces.bwd_pieces_kernel = module.bwd_pieces_kernel
+from bench import offline_triton
+offline_triton.main(sys.argv[2:])
+"""
+
+
+def _loop_barriers(lines: list[str]) -> int:
+    """The pieces kernel's barriers inside loops, from its report line."""
+    line = next(line for line in lines if line.split()[1] == "bwd_pieces_kernel")
+    return int(line.split(" barriers (")[1].split()[0])
+
+
+def test_gemma_s_pieces_backward_keeps_the_row_in_its_layout(tmp_path):
+    """Gemma's backward of 32768×2304 held as pieces, plain and fused add: its row loop has about as many barriers
+    as Llama's (7 and 9 against 6), since the small piece is loaded first (``triton_pieces._block``): Triton's layout
+    pass then sums the 2048 piece in its own layout. Broken variant: the same kernel with the large piece loaded first
+    converts the 2048 columns of x and g through shared memory every row (18 barriers in the loop)."""
+    for fused in ([], ["--fused"]):
+        llama = _loop_barriers(_cli("32768x2304", *fused))
+        assert _loop_barriers(_cli("32768x2304", "--casting", "gemma", *fused)) <= llama + 3
+        broken = _python("-c", _LARGE_PIECE_FIRST, str(tmp_path / "large_first.py"), "32768x2304", "--casting",
+                         "gemma", *fused)
+        assert _loop_barriers(broken) > llama + 3

@@ -51,10 +51,22 @@ def _load(X, DY, DH, rows, row_mask, START: tl.constexpr, SIZE: tl.constexpr, N,
 
 @triton.jit
 def _block(X, DY, DH, RSTD, rows, M, N, P0: tl.constexpr, P1: tl.constexpr, HAS_DH: tl.constexpr):
-    """Row block ``rows``' raw x, dy and dh_out, piece by piece, and rstd (rows past M read zeros)."""
+    """Row block ``rows``' raw x, dy and dh_out, piece by piece, and rstd (rows past M read zeros).
+
+    The small piece is loaded first. Triton 3.6's layout pass gives the row sum ``c`` the layout of the piece loaded
+    last; for Gemma's unrounded g it then carried that layout back onto the other piece. Large piece first, Gemma's
+    kernel converted the 2048 columns of x and g between layouts through shared memory every row (26 barriers against
+    Llama's 14 at 2304, sm_90); small piece first, the 256 columns (15 barriers). Fifty-first session (H200,
+    bf16, the heuristic's tiles, kernels timed over rotated inputs, two rounds, the slower quoted;
+    probes_h200_2026-11-29_fiftyfirst.md §2), TB/s at 4096 / 32768 rows, Gemma plain 2304 2.88 / 3.85 → 3.00 /
+    3.95, fused add 2304 2.98 / 3.92 → 3.13 / 4.08, 2560 3.06 / 4.00 → 3.19 / 4.09, 5120 3.35 / 3.92 → 3.50 / 4.07
+    (plain 2560 and 5120 level); Llama level but plain 5120 3.35 / 3.99 → 3.41 / 4.06 and 4096×2560 2.88 → 2.84.
+    dweight keeps its bits; Gemma's dx changes bits where c's summation order changed (the 2048 piece now sums in its
+    own layout, as Llama's does).
+    """
     row_mask = rows < M
-    xa, dya, dha = _load(X, DY, DH, rows, row_mask, 0, P0, N, HAS_DH)
     xb, dyb, dhb = _load(X, DY, DH, rows, row_mask, P0, P1, N, HAS_DH)
+    xa, dya, dha = _load(X, DY, DH, rows, row_mask, 0, P0, N, HAS_DH)
     return xa, dya, dha, xb, dyb, dhb, tl.load(RSTD + rows, mask=row_mask, other=0.0)
 
 
