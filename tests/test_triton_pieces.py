@@ -87,6 +87,28 @@ def test_heuristic_takes_pieces_at_the_table_s_widths():
         assert not triton_config.backward_config(n, 132).pieces, n
 
 
+def test_the_fused_add_s_tile_follows_the_weight_s_product_on_the_h200(monkeypatch):
+    """On the H200 the fused add's backward of 2304 with the weight's product in the row dtype (Llama's) runs the
+    plain backward's tile (``BWD_PIECES_FUSED_LOW_BY_MODEL``: 2 warps, prefetching, the same grid); Gemma's product,
+    other widths and other GPUs keep ``BWD_PIECES``'. The launcher asks for it with the GPU's model and the product
+    (float16 here: the interpreter rounds bfloat16 products otherwise)."""
+    fused = lambda n, low, model: triton_config.backward_config(n, 132, True, low, 0, 2, model)
+    plain = triton_config.backward_config(2304, 132, False, False, 0, 2, "h200")
+    assert fused(2304, True, "h200") == plain and plain.num_warps == 2 and plain.prefetch
+    for n, low, model in ((2304, False, "h200"), (2304, True, ""), (2560, True, "h200")):
+        config = fused(n, low, model)
+        assert (config.num_warps, config.programs_per_sm, config.prefetch) == triton_config.BWD_PIECES[n]
+    asked = []
+    real = triton_config.backward_config
+    monkeypatch.setattr(triton_config, "backward_config", lambda *a: asked.append(a) or real(*a))
+    monkeypatch.setattr(triton_launch, "gpu_model", lambda x: "h200")
+    for casting, offset in (("llama", 0.0), ("gemma", 1.0)):
+        x, w, dy = torch_inputs((3, 2304), torch.float16, offset, seed=5)
+        _backward(x, w, dy, offset, casting, None, dh_out=dy)
+    fused_asked = [(a[3], a[6]) for a in asked if a[2]]
+    assert fused_asked == [(True, "h200"), (False, "h200")]
+
+
 def test_plain_and_fused_add_tiles_give_one_dweight(monkeypatch):
     """``rms_norm``'s backward and the fused add's run other warps and prefetching on one grid (one row per program
     at a time): the same dweight bits, shown under the interpreter, where prefetching moves the loads (several rows
@@ -121,13 +143,16 @@ def test_pieces_only_tile_the_resident_backward_of_two_pieces():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,casting,offset", [(4096, 2304, "llama", 0.0), (1000, 5120, "gemma", 1.0),
-                                                (4099, 2560, "none", 0.0), (8, 2304, "llama", 0.0)])
-def test_gpu_pieces(m, n, casting, offset):
+@pytest.mark.parametrize("m,n,casting,offset,weight_dtype", [
+    (4096, 2304, "llama", 0.0, torch.float32), (1000, 5120, "gemma", 1.0, torch.float32),
+    (4099, 2560, "none", 0.0, torch.float32), (8, 2304, "llama", 0.0, torch.float32),
+    (4096, 2304, "llama", 0.0, torch.bfloat16), (4096, 2304, "gemma", 1.0, torch.bfloat16)])
+def test_gpu_pieces(m, n, casting, offset, weight_dtype):
     """The compiled heuristic (pieces at these widths, one program at 8 rows), plain and fused add, against the
-    float64 reference; dweight the same bits over repeated calls and the fused add's the same as the plain one's."""
+    float64 reference; dweight the same bits over repeated calls and the fused add's the same as the plain one's
+    (a bfloat16 weight: on the H200 Llama's fused add takes the plain backward's tile, Gemma's not)."""
     assert triton_config.backward_config(n, 132).pieces
-    x, w, dy = torch_inputs((m, n), torch.bfloat16, offset, seed=m + n, weight_dtype=torch.float32, device="cuda")
+    x, w, dy = torch_inputs((m, n), torch.bfloat16, offset, seed=m + n, weight_dtype=weight_dtype, device="cuda")
     dh = torch_inputs((m, n), torch.bfloat16, offset, seed=m + n + 1, device="cuda")[2]
     out = _backward(x, w, dy, offset, casting, None)
     assert judge(x, w, dy, out, eps=1e-6, offset=offset, casting=casting) == []

@@ -137,6 +137,13 @@ BWD_PIECES = {2304: (4, 4, False), 2560: (4, 4, False), 5120: (8, 2, False)}
 # timed over rotated inputs; bench/results/probes_h100_2026-11-26_twentyfourth.md §8), plain TB/s at 4096 / 32768
 # rows: 2304 2.14 → 2.28, 2.76 → 2.86; 2560 2.25 → 2.36, 2.83 → 2.87; 5120 2.40 → 2.53, 2.83 → 2.84.
 BWD_PIECES_PLAIN = {2304: (2, True), 2560: (2, True), 5120: (4, True)}
+# Per GPU model: the fused add's backward of these widths where the weight's product is in the row dtype (Llama's
+# casting, g rounded) on this (warps, programs per SM, prefetch) instead of BWD_PIECES' (the plain backward's tile:
+# dweight keeps its bits). Fifty-first session (H200, bf16, kernels timed over rotated inputs, two rounds, the slower
+# quoted; probes_h200_2026-11-29_fiftyfirst.md §2), TB/s at 4096 / 32768 rows: Llama 2304 2.87 / 3.64 → 3.10 / 4.06.
+# Gemma's product (g unrounded) lost there, 3.13 / 4.08 → 2.69 / 3.48, and 2560 lost 23-29% (both products). The
+# Pallas kernels' tile (ffi_tables.BWD_FFI_PIECES_BY_MODEL, fiftieth session) takes it for both products.
+BWD_PIECES_FUSED_LOW_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {2304: (2, 4, True)}}
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``band_tables.BANDS_MIN_COLS`` (rows
 # longer than 8192), the forward for rows longer than it holds (``FWD_RESIDENT_MAX_N``; its resident forward reads 2.98
 # TB/s at 8192×32768 against 2.56 on bands). Thirteenth session (H100, bf16, CUDA events, one run,
@@ -300,21 +307,24 @@ def resident_low(n: int) -> bool:
 
 
 def backward_config(n: int, sms: int = 132, fused: bool = False, low: bool = False, m: int = 0,
-                    itemsize: int = 2) -> Config:
-    """``_backward_config`` for a backward of ``m`` rows (0: few) of ``itemsize``-byte values: N a compile-time
-    constant in ``rms_norm``'s backward (not ``fused``) of full rows of ``BWD_N_CONST``'s lengths, up to its rows (the
-    cache's key takes that, not ``m``, so that varying batch sizes do not grow it)."""
+                    itemsize: int = 2, model: str = "") -> Config:
+    """``_backward_config`` for a backward of ``m`` rows (0: few) of ``itemsize``-byte values on the GPU ``model``
+    (e.g. "h200"): N a compile-time constant in ``rms_norm``'s backward (not ``fused``) of full rows of
+    ``BWD_N_CONST``'s lengths, up to its rows (the cache's key takes that, not ``m``, so that varying batch sizes do
+    not grow it)."""
     return _backward_config(n, sms, fused, low, not fused and n in BWD_N_CONST and m <= (BWD_N_CONST[n] or m),
-                            itemsize == 2)
+                            itemsize == 2, model)
 
 
 @functools.cache
-def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True) -> Config:
+def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, half: bool = True,
+                     model: str = "") -> Config:
     """The backward of 16-bit rows (``half``) of exactly ``BWD_RESIDENT_RELOAD``'s lengths held whole on one program
     per SM, reloading the weight; ``rms_norm``'s (not ``fused``) of full rows of ``BWD_RESIDENT_LOW``'s lengths held
     whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_product.grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
-    warps and prefetch); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
+    warps and prefetch; the ``fused`` add's with the weight's product in the row dtype, ``low``, on
+    ``BWD_PIECES_FUSED_LOW_BY_MODEL``'s tile for ``model``); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
     ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N`` (16-bit per-head rows:
     ``BWD_HEADS``' warps and prefetch); long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of
     ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32
@@ -331,6 +341,8 @@ def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, ha
         warps, per_sm, prefetch = BWD_PIECES[n]
         if not fused and n in BWD_PIECES_PLAIN:
             warps, prefetch = BWD_PIECES_PLAIN[n]
+        elif fused and low and n in (by_model := BWD_PIECES_FUSED_LOW_BY_MODEL.get(model, {})):
+            warps, per_sm, prefetch = by_model[n]
         return Config(1, next_pow2(n), warps, programs_per_sm=per_sm, prefetch=prefetch, pieces=True)
     if n <= FUSED_MAX_N:
         block_n = next_pow2(n)
