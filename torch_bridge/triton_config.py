@@ -141,7 +141,7 @@ BWD_PIECES_PLAIN = {2304: (2, True), 2560: (2, True), 5120: (4, True)}
 # casting, g rounded) on this (warps, programs per SM, prefetch) instead of BWD_PIECES' (the plain backward's tile:
 # dweight keeps its bits). Fifty-first session (H200, bf16, kernels timed over rotated inputs, two rounds, the slower
 # quoted; probes_h200_2026-11-29_fiftyfirst.md §2), TB/s at 4096 / 32768 rows: Llama 2304 2.87 / 3.64 → 3.10 / 4.06.
-# Gemma's product (g unrounded) lost there, 3.13 / 4.08 → 2.69 / 3.48, and 2560 lost 23-29% (both products). The
+# Gemma's product (g unrounded) lost there, 3.13 / 4.08 → 2.69 / 3.48; at 2560 Llama lost 13%, Gemma 23-29%. The
 # Pallas kernels' tile (ffi_tables.BWD_FFI_PIECES_BY_MODEL, fiftieth session) takes it for both products.
 BWD_PIECES_FUSED_LOW_BY_MODEL: dict[str, dict[int, tuple[int, int, bool]]] = {"h200": {2304: (2, 4, True)}}
 # The Triton reference takes bands where the Pallas kernels do: the backward from ``band_tables.BANDS_MIN_COLS`` (rows
@@ -324,11 +324,12 @@ def _backward_config(n: int, sms: int, fused: bool, low: bool, n_const: bool, ha
     whole on one program per SM where g is one multiply in the row dtype (``low``: ``triton_product.grad_in_dtype``);
     ``BWD_PIECES``' widths held as their pieces (``rms_norm``'s backward, not ``fused``: on ``BWD_PIECES_PLAIN``'s
     warps and prefetch; the ``fused`` add's with the weight's product in the row dtype, ``low``, on
-    ``BWD_PIECES_FUSED_LOW_BY_MODEL``'s tile for ``model``); one warp per 512 tile elements (x, dy and a dweight partial are live; per 1024 up to
-    ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for ``BWD_PREFETCH_N`` (16-bit per-head rows:
-    ``BWD_HEADS``' warps and prefetch); long rows in chunks of ``BWD_CHUNK_N`` after a row-dot pass over chunks of
-    ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of ``sms`` SMs (the launcher uses them for float32
-    compute only). ``n_const``: rows held whole (not as pieces) compile with N a compile-time constant."""
+    ``BWD_PIECES_FUSED_LOW_BY_MODEL``'s tile for ``model``); one warp per 512 tile elements (x, dy and a dweight
+    partial are live; per 1024 up to ``BWD_FEW_WARPS_MAX_N`` columns), the next row block prefetched for
+    ``BWD_PREFETCH_N`` (16-bit per-head rows: ``BWD_HEADS``' warps and prefetch); long rows in chunks of
+    ``BWD_CHUNK_N`` after a row-dot pass over chunks of ``CHUNK_N``; from ``BANDS_MIN_N`` columns bands for a GPU of
+    ``sms`` SMs (the launcher uses them for float32 compute only). ``n_const``: rows held whole (not as pieces)
+    compile with N a compile-time constant."""
     if half and n in BWD_RESIDENT_RELOAD:
         block_m, warps = BWD_RESIDENT_RELOAD[n]
         return Config(block_m, n, warps, programs_per_sm=1, n_const=True, reload_weight=True)
