@@ -96,9 +96,12 @@ FWD_FFI_TWO_PASS_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {5120: (None, 
 # / (1, 16) by jaxlib → two passes, plain / plain by torch at 4096 / 32768 rows, TB/s: 8192 on (4096, 16) 3.94 /
 # 4.28, 3.91 / 4.28 → 4.01 / 4.29, 3.95 / 4.29 (torch.compile's own kernel: two passes of 2048 on 16 warps, 4.03 at
 # 4096 rows in the suite); 16384 on (8192, 16) 3.93 / 4.15, 3.94 / 4.15 → 4.07 / 4.29, 4.07 / 4.29. Not Llama's
-# product: 8192 +0.5% / level, 16384 level / -0.3% (4096 / 32768 rows).
+# product: 8192 +0.5% / level, 16384 level / -0.3% (4096 / 32768 rows). Fifty-first session (same method;
+# probes_h200_2026-11-29_fiftyfirst.md §5), Gemma's 32768 on (8192, 32) → (16384, 32), plain / by torch at 4096 / 8192
+# / 16384 rows: 4.13 / 4.14, 4.23 / 4.23, 4.28 / 4.28 → 4.18 / 4.17, 4.24 / 4.25, 4.29 / 4.28 (torch.compile 4.26 at
+# 8192 rows, `ties_h200_bfloat16_gemma.md`); the Triton reference level to +0.2%.
 FWD_FFI_TWO_PASS_PLAIN_BY_MODEL: dict[str, dict[int, tuple]] = {"h200": {
-    32768: ((8192, 32), (8192, 32)), 8192: (None, (4096, 16)), 16384: (None, (8192, 16))}}
+    32768: ((8192, 32), (16384, 32)), 8192: (None, (4096, 16)), 16384: (None, (8192, 16))}}
 
 
 def two_pass_tile(n: int, itemsize: int, product_in_dtype: bool, m: int = 0, sms: int = 132, *,

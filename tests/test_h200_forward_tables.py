@@ -95,7 +95,8 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
     """On an H200 (``ffi_tables.FWD_FFI_TWO_PASS_BY_MODEL``, ``FWD_FFI_EXACT_BY_MODEL``): 16-bit rows of 5120 leave
     the two passes for the resident (1, 8) launched by jaxlib (Llama's product; Gemma's float32 product from 96 rows
     per SM), Gemma's fewer rows take two passes of (4096, 8); float32 rows of 5120 take the resident (1, 8) too. The
-    plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), and
+    plain forward of 16-bit rows of 32768 runs two passes of (8192, 32) ((16384, 32) with Gemma's float32 product;
+    ``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``), and
     with Gemma's float32 product those of 8192 and 16384 two passes of (4096, 16) and (8192, 16); the fused add's
     keeps its resident tile, as Llama's product at 8192 and 16384 and float32 rows. The Triton reference reads the
     same entries (its resident 5120 with N constant, ``triton_config.FWD_RESIDENT_BY_MODEL``).
@@ -119,7 +120,7 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
             assert got == ((1, 8192, 8, True, True) if resident else (1, 4096, 8, True, True)), (m, n, fused, product)
             assert config.programs == (None if resident else m)
         elif n == 32768 and size == 2 and not fused:
-            assert got == (1, 8192, 32, True, True) and config.programs == m
+            assert got == (1, 8192 if product else 16384, 32, True, True) and config.programs == m
         elif n == 32768:
             assert config == h100[m, n, fused, product, size] == Config(1, 32768, 16, ffi_launch=True, l1_hints=True)
         elif size == 2 and not fused and not product:
@@ -140,6 +141,7 @@ def test_h200_forward_of_5120_and_the_plain_forward_of_32768(monkeypatch):
                                                                                    n_const=True)
     assert forward(5120, 132, 2, False, 4096, False, "h200") == triton_config.Config(1, 4096, 8, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, False, "h200") == triton_config.Config(1, 8192, 32, l1_hints=True)
+    assert forward(32768, 132, 2, False, 8192, False, "h200") == triton_config.Config(1, 16384, 32, l1_hints=True)
     assert forward(16384, 132, 2, False, 8192, False, "h200") == triton_config.Config(1, 8192, 16, l1_hints=True)
     assert forward(32768, 132, 2, True, 8192, True, "h200") == forward(32768, 132, 2, True, 8192, True)
     assert not forward(32768, 132, 2, True, 8192, True, "h200").chunked(32768)

@@ -228,10 +228,10 @@ def test_gpu_fused_add_y_is_rms_norm_of_h_bit_for_bit(n):
 
 @gpu
 @hopper
-@pytest.mark.parametrize("n", [8192, 16384])
+@pytest.mark.parametrize("n", [8192, 16384, 32768])
 def test_gpu_gemma_fused_add_y_within_two_ulps_of_the_plain_two_passes(n):
-    """Gemma's float32 product on an H200 (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``): the plain forward of rows of 8192
-    and 16384 runs two passes over column chunks, the fused add's a resident row. The fused add's y is then
+    """Gemma's float32 product on an H200 (``FWD_FFI_TWO_PASS_PLAIN_BY_MODEL``): the plain forward of rows of 8192,
+    16384 and 32768 runs two passes over column chunks, the fused add's a resident row. The fused add's y is then
     ``rms_norm(h)``'s bits on the fused add's tile, and within two ulps of the default's (not equal: the check can
     fail). Where the plain forward is resident (an H100) the bits are equal."""
     kw = dict(offset=1.0, casting="gemma")
