@@ -270,11 +270,13 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     has_dh = dh_out is not None and need_dx
     # g = r(dy·w_eff) one multiply in x's dtype: rms_norm's backward (the fused add's was not measured with it)
     low = not has_dh and triton_product.grad_in_dtype(weight, x.dtype, offset, casting, N, M)
-    # the fused add's tile follows the weight's product (triton_config.BWD_PIECES_FUSED_LOW_BY_MODEL)
-    tile_low = triton_product.output_in_dtype(weight, x.dtype, offset, casting) if has_dh else low
+    # the fused add's tile at the pieces' widths follows the GPU and the weight's product
+    # (triton_config.BWD_PIECES_FUSED_LOW_BY_MODEL; asked there only: ~0.4 µs of host time)
+    by_model = has_dh and N in triton_config.BWD_PIECES
+    tile_low = triton_product.output_in_dtype(weight, x.dtype, offset, casting) if by_model else low
     # arguments given positionally: keywords made this per-call lookup 79 → 168 ns when it was the cache itself
     cfg = config or triton_config.backward_config(N, triton_launch.sm_count(x), has_dh, tile_low, M, x.itemsize,
-                                                  triton_launch.gpu_model(x))
+                                                  triton_launch.gpu_model(x) if by_model else "")
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
