@@ -122,7 +122,8 @@ def reports(m: int, n: int, *, maxnreg: int | None = None, **kw) -> list[offline
     def capped(kernel, meta: dict) -> dict:
         if maxnreg is None or "dweight" in kernel.__name__:
             return meta
-        return {**{k: v for k, v in meta.items() if k != "maxnreg"}, **({"maxnreg": maxnreg} if maxnreg else {})}
+        uncapped = {k: v for k, v in meta.items() if k != "maxnreg"}
+        return {**uncapped, "maxnreg": maxnreg} if maxnreg else uncapped
 
     return [report(kernel, grid, args, capped(kernel, meta)) for kernel, grid, args, meta in launches(m, n, **kw)]
 

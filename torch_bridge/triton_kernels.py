@@ -246,12 +246,12 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
 def backward_register_cap(programs: int, sms: int, num_warps: int, iters: int) -> int | None:
     """The most registers per thread for the backward's grid of ``programs`` walking ``iters`` row blocks each
     (``triton_launch.launch``'s ``max_registers``, in its meta-parameters, built on the first launch only: a kernel
-    taking more is compiled again under that cap): where they
-    walk more than one, the registers that let all of them be resident at once (``pallas_config.registers_per_thread``,
-    as the Pallas kernels' ``register_cap``) if below the hardware's 255; None otherwise. Without it the fused add's
-    pieces backward for Gemma took 162 registers: 3 of 4 programs per SM fitted at 2560 columns, 1 of 2 at 5120
-    (probes_h200_2026-11-29_fortyninth.md §7), and the grid ran a second wave. Only where a kernel exceeds it: capping
-    kernels that fitted anyway moved them by -1.4% to +0.2% (ptxas's schedule; fiftieth session)."""
+    taking more is compiled again under that cap): where they walk more than one, the registers that let all of them
+    be resident at once (``pallas_config.registers_per_thread``, as the Pallas kernels' ``register_cap``) if below the
+    hardware's 255; None otherwise. Without it the fused add's pieces backward for Gemma took 162 registers: 3 of 4
+    programs per SM fitted at 2560 columns, 1 of 2 at 5120 (probes_h200_2026-11-29_fortyninth.md §7), and the grid
+    ran a second wave. Only where a kernel exceeds it: capping kernels that fitted anyway moved them by -1.4% to
+    +0.2% (ptxas's schedule; fiftieth session)."""
     cap = pallas_config.registers_per_thread(cdiv(programs, sms), num_warps) if iters > 1 else None
     return cap if cap is not None and cap < 255 else None
 
