@@ -36,14 +36,20 @@ from .dweight import reduce_dweight
 from .kernels import _bwd_inputs
 from .pallas_config import Config, cdiv
 from .rounding import rounder
-from .tiles import F32, _rstd, _span, _weight
+from .tiles import F32, _rstd, _span, _weight, _weight_in_dtype, grad_in_dtype
 
 
-def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt):
-    """This program's band: ``(band index, cols, cmask, w_eff over the band)``."""
+def _band_weight(w_ref, cols, cmask, offset: float, casting: str, dt, low: bool = False):
+    """``w_eff`` over a band's columns: float32, or with ``low`` values of the row dtype ``dt``
+    (``tiles._weight_in_dtype``)."""
+    return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt)
+
+
+def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt, low: bool = False):
+    """This program's band: ``(band index, cols, cmask, w_eff over the band)`` (``_band_weight``)."""
     pid, bc = pl.program_id(0), config.block_cols
     cols, cmask = _span(pid * bc, bc, n)
-    return pid, cols, cmask, _weight(w_ref, cols, cmask, offset, casting, dt)
+    return pid, cols, cmask, _band_weight(w_ref, cols, cmask, offset, casting, dt, low)
 
 
 def _first_read(config: Config) -> str:
@@ -155,19 +161,31 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     slots_ref = refs.pop(0) if need_dx else None
     dt = dy_ref.dtype
     bc = config.block_cols
-    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt)
+    # ``low``: g = r(dy·w_eff) as one multiply of two values of the row dtype (one bf16x2/f16x2 instruction per pair,
+    # the float32 product's bits: the same dx), as ``kernels._bwd_kernel`` does for rms_norm's rows it holds, here for
+    # the fused add's too (its dweight does not involve g). The band backward is bound by its instruction stream
+    # (``ncu`` on an H200: DRAM 69% busy, the issue slots half used by 8 one-warp programs per SM; probes fifty-second
+    # session §4); the float32 product took a multiply, a rounding and a widening per element, twice.
+    low = grad_in_dtype(None if w_ref is None else w_ref.dtype, dt, casting, offset)
+    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt, low)
 
     def band(rows, rmask, c, cm, policy):
         return (backend.load(x_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy),
                 backend.load(dy_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy))
 
+    def grad(dy_raw, w):
+        """``g = dy·w_eff`` (``rowmath.grad_scale``), float32: with ``low`` multiplied in the row dtype, widened."""
+        if low:
+            return rowmath.grad_scale(dy_raw, w, casting, lambda v: rounder(dt)(v.astype(F32)))
+        return rowmath.grad_scale(dy_raw.astype(F32), w, casting, rounder(dt))
+
     def sum_gx(x_raw, dy_raw, w):
         """Each row's ``Σ g·x`` over one band (float32, ``(block_rows,)``)."""
-        x32, dy32 = x_raw.astype(F32), dy_raw.astype(F32)
-        return jnp.sum(rowmath.grad_scale(dy32, w, casting, rounder(dt)) * x32, axis=1)
+        return jnp.sum(grad(dy_raw, w) * x_raw.astype(F32), axis=1)
 
     def partial_gx(rows, rmask, c, cm):
-        return sum_gx(*band(rows, rmask, c, cm, None), _weight(w_ref, c, cm, offset, casting, dt))
+        """A peer band's rows' ``Σ g·x``, computed here (``band_slots``' fallback: the owner's code, the same bits)."""
+        return sum_gx(*band(rows, rmask, c, cm, None), _band_weight(w_ref, c, cm, offset, casting, dt, low))
 
     rows_of = band_slots.block_rows_of(m, n, config)
     ex = (band_slots.exchange(slots_ref, partial_gx, rows_of, n=n, config=config, interpret=interpret)
@@ -199,9 +217,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             x_raw, dy_raw, rstd = tiles
         rstd = rstd[:, None]
         total, alone = ex.totals(u, posted, alone)
-        x32, dy32 = x_raw.astype(F32), dy_raw.astype(F32)
-        dx = rowmath.grad_input(x32, rowmath.grad_scale(dy32, w_eff, casting, rounder(dt)), rstd, total[:, None],
-                                F32(n))
+        dx = rowmath.grad_input(x_raw.astype(F32), grad(dy_raw, w_eff), rstd, total[:, None], F32(n))
         tile_mask = rmask[:, None] & cmask[None, :]
         if dh_ref is not None:
             dx = rowmath.grad_residual(dx, backend.load(dh_ref.at[rows[:, None], cols[None, :]], tile_mask).astype(F32))

@@ -25,7 +25,8 @@ def product_in_dtype(weight_dtype, dt, casting: str, offset: float) -> bool:
 # impl=None from JAX, kernels timed, off/on alternating over four processes; probes_h100_2026-11-27_thirtyfourth.md
 # §2), TB/s off → on: bf16 4096×1024 2.04-2.05 → 2.11, 4096×2048 2.40 → 2.46, 4096×4096 2.66 → 2.68, 4096×8192
 # 2.80 → 2.81, 32768×1024 2.84 → 2.85, 32768×4096 2.96-2.97 → 2.95-2.96; fp16 alike (4096×1024 2.06 → 2.13). The
-# fused add's backward keeps the float32 product: +0.3-0.7% at 1024-2048 columns, -1% at bf16 4096×8192.
+# fused add's backward keeps the float32 product: +0.3-0.7% at 1024-2048 columns, -1% at bf16 4096×8192. The band
+# backward takes it for both (fifty-second session, H200: +5-8% bf16, ``bands._bwd_kernel``).
 BWD_LOW_DTYPES = ("bfloat16", "float16")
 
 

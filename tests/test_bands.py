@@ -121,6 +121,27 @@ def _backward(x, w, dy, config, impl="interpret", **kw):
                           config=pallas_config.fit(config, *x.shape, backward=True), **kw)
 
 
+def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
+    """The band backward's g = r(dy·w_eff) taken as one multiply in the row dtype (``tiles.grad_in_dtype``: bf16
+    rows, Llama's casting, the weight in bf16) gives the float32 product's bits: dx and dweight, plain and fused add,
+    equal with the choice turned off. Broken variant: the choice forced for Gemma's casting, whose w_eff = 1 + w is no
+    bf16 value (rounded to one, g moves): its dx differs from the float32 product's."""
+    x, w, dy = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=21, scale=2.0)
+    dh = jax_inputs((37, 4000), jnp.bfloat16, 0.0, seed=22)[0]
+    config = pallas_config.fit(Config(2, 512, 4, lag=2, prefetch=True), 37, 4000, backward=True)
+
+    def run(low, casting="llama", offset=0.0):
+        monkeypatch.setattr(bands, "grad_in_dtype", lambda *args, **kw: low)
+        _, rstd = pn.rms_norm_with_rstd(x, w, eps=1e-6, offset=offset, casting=casting, impl="interpret")
+        kw = dict(offset=offset, casting=casting, config=config, interpret=True)
+        return (*bands.backward(x, w, dy, rstd, **kw), *bands.backward(x, w, dy, rstd, dh_out=dh, **kw))
+
+    for a, b in zip(run(True), run(False), strict=True):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    forced, f32 = run(True, "gemma", 1.0)[0], run(False, "gemma", 1.0)[0]
+    assert not np.array_equal(bits(forced), bits(f32))
+
+
 def test_posted_and_recomputed_sums_have_the_same_bits():
     """Band 0's program (first in the interpreter) recomputes every peer's partial sum; the last band's reads them
     as posted. With the last band a copy of band 0 (x, dy, weight), their dx must be the same bits."""
