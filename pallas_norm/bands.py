@@ -36,20 +36,14 @@ from .dweight import reduce_dweight
 from .kernels import _bwd_inputs
 from .pallas_config import Config, cdiv
 from .rounding import rounder
-from .tiles import F32, _rstd, _span, _weight, _weight_in_dtype, grad_in_dtype
-
-
-def _band_weight(w_ref, cols, cmask, offset: float, casting: str, dt, low: bool = False):
-    """``w_eff`` over a band's columns: float32, or with ``low`` values of the row dtype ``dt``
-    (``tiles._weight_in_dtype``)."""
-    return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt)
+from .tiles import F32, _grad, _rstd, _span, _weight_of, grad_in_dtype
 
 
 def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt, low: bool = False):
-    """This program's band: ``(band index, cols, cmask, w_eff over the band)`` (``_band_weight``)."""
+    """This program's band: ``(band index, cols, cmask, w_eff over the band)`` (``tiles._weight_of``)."""
     pid, bc = pl.program_id(0), config.block_cols
     cols, cmask = _span(pid * bc, bc, n)
-    return pid, cols, cmask, _band_weight(w_ref, cols, cmask, offset, casting, dt, low)
+    return pid, cols, cmask, _weight_of(w_ref, cols, cmask, offset, casting, dt, low)
 
 
 def _first_read(config: Config) -> str:
@@ -173,19 +167,13 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         return (backend.load(x_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy),
                 backend.load(dy_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy))
 
-    def grad(dy_raw, w):
-        """``g = dy·w_eff`` (``rowmath.grad_scale``), float32: with ``low`` multiplied in the row dtype, widened."""
-        if low:
-            return rowmath.grad_scale(dy_raw, w, casting, lambda v: rounder(dt)(v.astype(F32)))
-        return rowmath.grad_scale(dy_raw.astype(F32), w, casting, rounder(dt))
-
     def sum_gx(x_raw, dy_raw, w):
         """Each row's ``Σ g·x`` over one band (float32, ``(block_rows,)``)."""
-        return jnp.sum(grad(dy_raw, w) * x_raw.astype(F32), axis=1)
+        return jnp.sum(_grad(dy_raw, w, casting, dt, low) * x_raw.astype(F32), axis=1)
 
     def partial_gx(rows, rmask, c, cm):
         """A peer band's rows' ``Σ g·x``, computed here (``band_slots``' fallback: the owner's code, the same bits)."""
-        return sum_gx(*band(rows, rmask, c, cm, None), _band_weight(w_ref, c, cm, offset, casting, dt, low))
+        return sum_gx(*band(rows, rmask, c, cm, None), _weight_of(w_ref, c, cm, offset, casting, dt, low))
 
     rows_of = band_slots.block_rows_of(m, n, config)
     ex = (band_slots.exchange(slots_ref, partial_gx, rows_of, n=n, config=config, interpret=interpret)
@@ -217,7 +205,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             x_raw, dy_raw, rstd = tiles
         rstd = rstd[:, None]
         total, alone = ex.totals(u, posted, alone)
-        dx = rowmath.grad_input(x_raw.astype(F32), grad(dy_raw, w_eff), rstd, total[:, None], F32(n))
+        dx = rowmath.grad_input(x_raw.astype(F32), _grad(dy_raw, w_eff, casting, dt, low), rstd, total[:, None], F32(n))
         tile_mask = rmask[:, None] & cmask[None, :]
         if dh_ref is not None:
             dx = rowmath.grad_residual(dx, backend.load(dh_ref.at[rows[:, None], cols[None, :]], tile_mask).astype(F32))

@@ -23,7 +23,7 @@ from .dweight import reduce_dweight
 from .order_tables import DH_LOAD, DW_PER_ROW, H_FIRST_MAX_COLS, WEIGHT_FIRST_F32_MAX_COLS, WEIGHT_FIRST_MAX_COLS
 from .pallas_config import Config, cdiv, pieces_of, register_cap
 from .rounding import rounder
-from .tiles import (F32, _col_mask, _rstd, _span, _tile, _tile_mask, _weight, _weight_in_dtype, grad_in_dtype,
+from .tiles import (F32, _col_mask, _grad, _rstd, _span, _tile, _tile_mask, _weight, _weight_of, grad_in_dtype,
                     product_in_dtype)
 
 
@@ -67,7 +67,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight: b
 
     def weight(cols, cmask):
         """The weight over ``cols``: ``w_eff`` in float32, or with ``low`` in ``dt`` (llama: as stored)."""
-        return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt, w_hint)
+        return _weight_of(w_ref, cols, cmask, offset, casting, dt, low, w_hint)
 
     def store_h(rows, rmask, k, h32):
         cols, cmask = _span(k * bc, bc, n)
@@ -177,7 +177,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
 
     def weights():
         """``w_eff`` per span: float32, or with ``low`` values of ``dt``."""
-        return [(_weight_in_dtype if low else _weight)(w_ref, c, cm, offset, casting, dt) for c, cm in spans]
+        return [_weight_of(w_ref, c, cm, offset, casting, dt, low) for c, cm in spans]
 
     w_eff = None if config.reload_weight else weights()
     dh_at = DH_LOAD.get(config.block_cols) if dh_ref is not None and need_dx and config.resident(n) else None
@@ -213,9 +213,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             dw_acc = dweight_terms(dw_acc, x32, dy32, rstd)
         if need_dx:
             ws = weights() if config.reload_weight else w_eff
-            # low: dy and w_eff in dt, so r(dy·w_eff) is one multiply in dt, widened (round_to: kept under XLA too)
-            dys, r = (tiles[1], lambda v: rounder(dt)(v.astype(F32))) if low else (dy32, rounder(dt))
-            g = [rowmath.grad_scale(d, w, casting, r) for d, w in zip(dys, ws)]
+            g = [_grad(d, w, casting, dt, low, d32) for d, d32, w in zip(tiles[1], dy32, ws)]
             if s_ref is None:
                 sum_gx = None
                 for gp, xp in zip(g, x32):

@@ -76,5 +76,21 @@ def _weight_in_dtype(w_ref, cols, cmask, offset: float, casting: str, dt, evicti
     return _weight(w_ref, cols, cmask, offset, casting, dt, eviction).astype(dt)
 
 
+def _weight_of(w_ref, cols, cmask, offset: float, casting: str, dt, low: bool, eviction: str | None = None):
+    """``w_eff`` over ``cols``: float32 (``_weight``), or with ``low`` values of the row dtype ``dt``
+    (``_weight_in_dtype``, where ``product_in_dtype``/``grad_in_dtype`` hold)."""
+    return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt, eviction)
+
+
+def _grad(dy, w_eff, casting: str, dt, low: bool, dy32=None):
+    """``g = dy·w_eff`` (``rowmath.grad_scale``) in float32 from the tile ``dy`` as loaded: with ``low``
+    (``grad_in_dtype``; ``w_eff`` from ``_weight_of``) one multiply in ``dt`` (one bf16x2/f16x2 instruction per pair,
+    the float32 product's bits), widened (``round_to`` of it: kept under XLA too); else from ``dy``'s float32 values
+    (``dy32`` where the caller has them)."""
+    if low:
+        return rowmath.grad_scale(dy, w_eff, casting, lambda v: rounder(dt)(v.astype(F32)))
+    return rowmath.grad_scale(dy.astype(F32) if dy32 is None else dy32, w_eff, casting, rounder(dt))
+
+
 def _rstd(sumsq, n: int, eps: float):
     return rowmath.rstd_from_sumsq(sumsq, F32(n), F32(eps), lax.rsqrt)
