@@ -5,6 +5,7 @@ partial sums itself (the fallback), the last reads them as posted."""
 from __future__ import annotations
 
 import functools
+import types
 
 import pytest
 import torch
@@ -81,6 +82,29 @@ def test_prefetch_gives_the_same_bits():
         dw_only = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", False, True, config=config)[1]
         runs.append((y, rstd, *fused[:2], *grads, dw_only))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
+    """The band backward's g = r(dy·w_eff) taken as one multiply in the row dtype (LOW, forced here: the heuristic
+    takes it for bf16 rms_norm, ``triton_product.grad_in_dtype``) gives the float32 product's bits: dx and dweight,
+    plain and fused add, equal with LOW off (fp16 rows on CPU: the interpreter multiplies bf16 by truncation). Broken variant: LOW forced for Gemma's casting, whose w_eff = 1 + w is no fp16 value (rounded, g
+    moves): its dx differs from the float32 product's."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    x, w, dy = torch_inputs((37, 4000), dtype, 0.0, seed=21, scale=2.0)
+    dh = torch_inputs((37, 4000), dtype, 0.0, seed=22)[0]
+    config = CASES[4][1]
+
+    def run(low, casting="llama", offset=0.0):
+        monkeypatch.setattr(triton_bands, "triton_product", types.SimpleNamespace(grad_in_dtype=lambda *a: low))
+        _, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, config=config)
+        key = ("low", low)  # the launch key: LOW is what ``output_in_dtype`` gives for the key's other fields
+        return (*triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key),
+                *triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key, dh_out=dh))
+
+    for a, b in zip(run(True), run(False), strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    forced, f32 = run(True, "gemma", 1.0)[0], run(False, "gemma", 1.0)[0]
+    assert not torch.equal(forced.view(torch.int16), f32.view(torch.int16))
 
 
 def test_forward_rstd_and_fused_add_on_bands():

@@ -19,12 +19,12 @@ import triton.language as tl
 
 from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
-from torch_bridge import custom_ops, triton_dweight, triton_launch
+from torch_bridge import custom_ops, triton_dweight, triton_launch, triton_product
 from torch_bridge.triton_band_slots import (UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_gx, _sum_slots,
                                             _totals, _wait)
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
-                                         _to_dt, _w_eff)
+                                         _to_dt, _w_eff, _weight_low)
 
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
 
@@ -38,12 +38,15 @@ def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
 
 @triton.jit
 def _own_band(W, pid, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
-              DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """Program ``pid``'s band: its columns, their mask and the float32 effective weight over them (zeros without)."""
+              DT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr = False):
+    """Program ``pid``'s band: its columns, their mask and the float32 effective weight over them (zeros without;
+    with LOW values of DT, ``_weight_low``)."""
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if HAS_WEIGHT:
+    if LOW:
+        w_eff = _weight_low(W, cols, N, offset, CASTING, DT, tl.float32, EMULATE_BF16, "")
+    elif HAS_WEIGHT:
         w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
     return cols, col_mask, w_eff
 
@@ -118,23 +121,35 @@ def _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, EVICT: tl.co
 
 @triton.jit
 def _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
-               NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """Block t's band: its dweight terms added to ``dw`` (returned) and, with NEED_DX, its rows' ``Σ g·x`` posted."""
+               NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
+               LOW: tl.constexpr):
+    """Block t's band: its dweight terms added to ``dw`` (returned) and, with NEED_DX, its rows' ``Σ g·x`` posted
+    (LOW: g = r(dy·w_eff) as one multiply in DT, the float32 product's bits)."""
+    if NEED_DX and LOW:
+        g = (dy * w_eff[None, :]).to(tl.float32)
     x = x.to(tl.float32)
     dy = dy.to(tl.float32)
     if NEED_DW:
         dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, tl.float32, EMULATE_BF16), axis=0)
     if NEED_DX:
-        _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
+        if LOW:
+            _post(SLOT, rows, row_mask, S, pid, tl.sum(g * x, axis=1))
+        else:
+            _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
     return dw
 
 
 @triton.jit
 def _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT: tl.constexpr,
-                HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """Block t - LAG's band of dx from its band (x_b, dy_b, rstd_b) and its rows' totals."""
+                HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                LOW: tl.constexpr):
+    """Block t - LAG's band of dx from its band (x_b, dy_b, rstd_b) and its rows' totals (LOW: as ``_bwd_start``)."""
     CT: tl.constexpr = tl.float32
-    dx = _dx(x_b.to(CT), _grad_n(dy_b.to(CT), w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16), rstd_b, total / N)
+    if LOW:
+        g = (dy_b * w_eff[None, :]).to(CT)
+    else:
+        g = _grad_n(dy_b.to(CT), w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
+    dx = _dx(x_b.to(CT), g, rstd_b, total / N)
     if HAS_DH:
         dx += tl.load(DH + offs_b, mask=mask_b, other=0.0).to(CT)
     tl.store(DX + offs_b, _to_dt(dx, DT, EMULATE_BF16), mask=mask_b)
@@ -145,11 +160,13 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                       P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       LAG: tl.constexpr, PREFETCH: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
                       NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                      WDT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+                      WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
     ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.band_slots.slot_width``). With ``G`` > 1 ``DW`` holds
     float32 partials, one row per group. PREFETCH: block t + 1's band of x and dy and its rstd are loaded before
-    block t's math (in flight meanwhile; the same values, the same bits).
+    block t's math (in flight meanwhile; the same values, the same bits). LOW (``triton_product.grad_in_dtype``:
+    dy and w_eff both values of DT): g = r(dy·w_eff) as one multiply in DT, the float32 product's bits, w_eff held as
+    DT (the Pallas band backward's ``low``: the band backward is bound by its instruction stream).
 
     Two loops, so that the hot one holds no registers for computing a peer's partial (the fallback inside it spilled
     with PREFETCH and cost bf16 16-19%): the first waits for each block's slots, and a program that polls
@@ -159,7 +176,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     whose order does not depend on the layout Triton gives each loop's slots (``tl.sum``'s does, and did: the two
     loops' dx differed in ~100 elements per 2^28)."""
     pid = tl.program_id(0)
-    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
+    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
@@ -180,32 +197,32 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                 offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
                                                                 "evict_first")
             dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
-                            CASTING, DT, EMULATE_BF16)
+                            CASTING, DT, EMULATE_BF16, LOW)
             if NEED_DX:
                 posted, ready = _wait(SLOT, rows_b, slot_mask, posted, pcols, spin_limit, S)
                 if ready == 1:
                     total = _sum_slots(posted.to(tl.float32, bitcast=True), slot_mask, BLOCK_M, S)
                     _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH,
-                                CASTING, DT, EMULATE_BF16)
+                                CASTING, DT, EMULATE_BF16, LOW)
                 else:
                     stop = t
     if NEED_DX:
         # w_eff loaded again: Triton 3.6 CSEs the hot loop's ``w_eff[None, :]`` into this loop otherwise (a use its
         # definition does not dominate; TritonGPURemoveLayoutConversions fails)
-        cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
+        cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW)
         for t in range(stop, steps):  # only after giving up: nothing waits any more
             rows, row_mask = _block(t, g, G, BLOCK_M, M)
             if t > stop:
                 x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
                 dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
-                                CASTING, DT, EMULATE_BF16)
+                                CASTING, DT, EMULATE_BF16, LOW)
             rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
             vals = _fill_missing(X, DY, W, rows_b, slot_mask, posted, pcols, N, offset, P, BLOCK_N, False, HAS_WEIGHT,
                                  False, CASTING, DT, EMULATE_BF16)
             total = _sum_slots(vals, slot_mask, BLOCK_M, S)
             offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, "")
             _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH, CASTING, DT,
-                        EMULATE_BF16)
+                        EMULATE_BF16, LOW)
     if NEED_DW and G == 1:
         tl.store(DW + cols, _to_dt(dw, WDT, EMULATE_BF16), mask=col_mask)
     elif NEED_DW:
@@ -261,6 +278,9 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
     slots = _slots(M, width, x.device) if need_dx else rstd
+    # g = r(dy·w_eff) one multiply in x's dtype (LOW): rms_norm's backward where ``grad_in_dtype`` holds (bf16; H200
+    # +2.8-5.6%), not the fused add's (-2.1% to +3.1%) nor fp16 (-16% at 8192×32768; fifty-third session)
+    low = need_dx and not has_dh and triton_product.grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     key = ("bands", M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config_key, x.get_device(),
            need_dx, need_dweight, has_dh)
     triton_launch.launch(key, _bands_bwd_kernel, (programs, groups),
@@ -273,7 +293,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
                                       NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else tl.float32,
-                                      EMULATE_BF16=INTERPRET, num_warps=cfg.num_warps),
+                                      EMULATE_BF16=INTERPRET, LOW=low, num_warps=cfg.num_warps),
                          interpret=INTERPRET)
     if need_dweight and groups > 1:
         triton_dweight.reduce(partials, dweight, ("bands_dweight", *key))
