@@ -8,6 +8,7 @@ interpreter from ``mosaic``/``mosaic_params``/``mosaic_interpret``. Both are imp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import warnings
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from . import compat
+from .rounding import rounder
 
 # The Pallas Triton backend is deprecated since JAX 0.11 (still shipped in 0.12); Mosaic GPU is its successor.
 # Silence exactly that one warning, here and nowhere else.
@@ -60,6 +62,51 @@ def ordered_sum(load: Callable[[int | jax.Array, int], jax.Array], count: int, s
     steps = count // step
     acc = jax.lax.fori_loop(0, steps, lambda i, total: add(i * step, step, total), acc)
     return add(steps * step, count - steps * step, acc)
+
+
+def _ptx(code: str, args: list, constraints: str, pack: int, dtype) -> jnp.ndarray:
+    """``code`` applied elementwise to ``args`` (same shapes), ``pack`` elements per instance (16-bit values packed
+    two to a 32-bit register; 32-bit ones one per operand), one result of ``dtype``."""
+    return _pl_triton().elementwise_inline_asm(code, args=args, constraints=constraints, pack=pack,
+                                               result_shape_dtypes=[jax.ShapeDtypeStruct(args[0].shape, dtype)])[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowOps:
+    """How a kernel widens a tile to float32, rounds float32 values to the row dtype and back (``r``), and forms
+    ``a·b + c``. ``plain`` (the interpreter, and every dtype but bf16): ``astype``, ``rounding.rounder``,
+    ``a * b + c``; ``pairs`` (bf16 rows in a compiled Triton kernel): PTX on pairs of elements, the same bits for the
+    first two (a bf16 pair widened by one ``shl`` and one ``and`` where LLVM extracts the high half first, 3
+    instructions for 2; ``r`` one ``cvt.rn.bf16x2.f32`` for 2), ``fma.rn.f32`` for the third (one rounding, not two:
+    other bits, within float32's)."""
+
+    widen: Callable
+    round: Callable
+    mul_add: Callable
+    fused: bool
+
+
+def _widen_bf16_pairs(t):
+    if t.dtype != jnp.bfloat16:
+        return t.astype(jnp.float32)
+    return _ptx("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xffff0000;", [t], "=r,=r,r", 2, jnp.float32)
+
+
+def _round_bf16_pairs(v):
+    return _ptx("{\n\t.reg .b32 t;\n\tcvt.rn.bf16x2.f32 t, $3, $2;\n\tshl.b32 $0, t, 16;\n\t"
+                "and.b32 $1, t, 0xffff0000;\n\t}", [v], "=r,=r,r,r", 2, jnp.float32)
+
+
+def _fma_f32(a, b, c):
+    a, b, c = jnp.broadcast_arrays(a, b, c)
+    return _ptx("fma.rn.f32 $0, $1, $2, $3;", [a, b, c], "=r,r,r,r", 1, jnp.float32)
+
+
+def row_ops(dt, *, interpret: bool) -> RowOps:
+    """``RowOps`` for rows of dtype ``dt``: ``pairs`` for bf16 compiled, else ``plain`` (see ``RowOps``)."""
+    if interpret or jnp.dtype(dt) != jnp.dtype(jnp.bfloat16):
+        return RowOps(lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False)
+    return RowOps(_widen_bf16_pairs, _round_bf16_pairs, _fma_f32, True)
 
 
 def compiler_params(num_warps: int, num_stages: int | None = None, *, interpret: bool = False):

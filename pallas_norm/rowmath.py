@@ -60,9 +60,11 @@ def grad_scale(dy: A, w_eff: A | None, casting: str, r: Rounder) -> A:
     return g if casting == "gemma" else r(g)
 
 
-def grad_input(x: A, g: A, rstd: A, sum_gx: A, n: int) -> A:
-    """``dx = rstd·(g − x·rstd²·mean(g·x))`` with ``sum_gx = Σ g·x`` per row (the caller rounds the result)."""
-    return rstd * (g - x * (rstd * rstd * (sum_gx / n)))
+def grad_input(x: A, g: A, rstd: A, sum_gx: A, n: int, mul_add: Callable[[A, A, A], A] | None = None) -> A:
+    """``dx = rstd·(g − x·rstd²·mean(g·x))`` with ``sum_gx = Σ g·x`` per row (the caller rounds the result);
+    ``mul_add(−x, rstd²·mean, g)`` forms the difference where given (a fused multiply-add: one rounding)."""
+    c = rstd * rstd * (sum_gx / n)
+    return rstd * (g - x * c if mul_add is None else mul_add(-x, c, g))
 
 
 def dweight_terms(dy: A, n_value: A) -> A:

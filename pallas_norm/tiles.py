@@ -82,11 +82,16 @@ def _weight_of(w_ref, cols, cmask, offset: float, casting: str, dt, low: bool, e
     return (_weight_in_dtype if low else _weight)(w_ref, cols, cmask, offset, casting, dt, eviction)
 
 
-def _grad(dy, w_eff, casting: str, dt, low: bool, dy32=None):
+def _grad(dy, w_eff, casting: str, dt, low: bool, dy32=None, ops=None):
     """``g = dy·w_eff`` (``rowmath.grad_scale``) in float32 from the tile ``dy`` as loaded: with ``low``
     (``grad_in_dtype``; ``w_eff`` from ``_weight_of``) one multiply in ``dt`` (one bf16x2/f16x2 instruction per pair,
     the float32 product's bits), widened (``round_to`` of it: kept under XLA too); else from ``dy``'s float32 values
-    (``dy32`` where the caller has them)."""
+    (``dy32`` where the caller has them). ``ops`` (``backend.RowOps``, fused: a compiled kernel, whose product in
+    ``dt`` is rounded) widens and rounds instead of ``astype``/``rounder``."""
+    if ops is not None and ops.fused:
+        if low:
+            return ops.widen(rowmath.grad_scale(dy, w_eff, casting, lambda v: v))
+        return rowmath.grad_scale(ops.widen(dy) if dy32 is None else dy32, w_eff, casting, ops.round)
     if low:
         return rowmath.grad_scale(dy, w_eff, casting, lambda v: rounder(dt)(v.astype(F32)))
     return rowmath.grad_scale(dy.astype(F32) if dy32 is None else dy32, w_eff, casting, rounder(dt))

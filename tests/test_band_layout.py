@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import jax.numpy as jnp
 import pytest
 import torch
 
 from pallas_norm import band_slots, band_tables, pallas_config, triton_ffi
 from pallas_norm.pallas_config import Config
+from pallas_norm.rounding import rounder
 
 from helpers import abstract_h100
 
@@ -137,3 +139,32 @@ def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
     assert bf16_products(64, "gemma", False) == 0
     monkeypatch.setattr(bands, "grad_in_dtype", lambda *args, **kw: False)
     assert bf16_products(32, "llama", False) == 0
+
+
+def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
+    """Compiled, the bf16 band backward widens and rounds as pairs and fuses its multiply-adds (``backend.RowOps``;
+    H200 +1.9-4.5%): its TTIR carries the PTX, two ``fma.rn.f32`` (dweight's sum, dx) in every case, Llama's
+    ``cvt.rn.bf16x2.f32`` (n rounded) and its Gemma's absence, and fp16 none of it. Broken variant: ``row_ops`` patched
+    to the plain ops, no PTX left."""
+    from pallas_norm import backend
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+
+    def ptx(m: int, casting: str, fused: bool, dtype=torch.bfloat16) -> tuple[int, int, int]:
+        """(fma, cvt.rn.bf16x2, shl.b32) in the backward's TTIR (``m`` rows of 262144: each traced afresh, as no other
+        test traces them)."""
+        config = pallas_config.heuristic(m, 262144, backward=True)
+        offset = 1.0 if casting == "gemma" else 0.0
+        with abstract_h100():
+            lowered = launch_route._lower_backward(m, 262144, dtype, dtype, offset, casting, config, fused)
+        ttir = launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir
+        return tuple(len(re.findall(pattern, ttir)) for pattern in (r"fma\.rn\.f32", r"cvt\.rn\.bf16x2", r"shl\.b32"))
+
+    llama, gemma = ptx(128, "llama", False), ptx(128, "gemma", False)
+    assert llama[0] == gemma[0] == ptx(128, "llama", True)[0] == 2
+    assert llama[1] > 0 and gemma[1] == 0 and llama[2] > 0 and gemma[2] > 0
+    assert ptx(128, "llama", False, torch.float16) == (0, 0, 0)
+    monkeypatch.setattr(backend, "row_ops", lambda dt, interpret: backend.RowOps(
+        lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False))
+    assert ptx(16, "llama", False) == (0, 0, 0)
