@@ -77,8 +77,8 @@ class RowOps:
     ``a·b + c``. ``plain`` (the interpreter, and every dtype but bf16): ``astype``, ``rounding.rounder``,
     ``a * b + c``; ``pairs`` (bf16 rows in a compiled Triton kernel): PTX on pairs of elements, the same bits for the
     first two (a bf16 pair widened by one ``shl`` and one ``and`` where LLVM extracts the high half first, 3
-    instructions for 2; ``r`` one ``cvt.rn.bf16x2.f32`` for 2), ``fma.rn.f32`` for the third (one rounding, not two:
-    other bits, within float32's)."""
+    instructions for 2; ``r`` one ``cvt.rn.bf16x2.f32`` for 2; tiles of an odd last dimension: ``plain``'s),
+    ``fma.rn.f32`` for the third (one rounding, not two: other bits, within float32's)."""
 
     widen: Callable
     round: Callable
@@ -86,13 +86,21 @@ class RowOps:
     fused: bool
 
 
+def _pairs(t) -> bool:
+    """Whether a tile's elements pair up: an even last dimension (a column of per-row values, e.g. rstd of shape
+    ``(rows, 1)``, does not: Triton asks the element count to be a multiple of ``pack``)."""
+    return t.ndim > 0 and t.shape[-1] % 2 == 0
+
+
 def _widen_bf16_pairs(t):
-    if t.dtype != jnp.bfloat16:
+    if t.dtype != jnp.bfloat16 or not _pairs(t):
         return t.astype(jnp.float32)
     return _ptx("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xffff0000;", [t], "=r,=r,r", 2, jnp.float32)
 
 
 def _round_bf16_pairs(v):
+    if not _pairs(v):
+        return rounder(jnp.bfloat16)(v)
     return _ptx("{\n\t.reg .b32 t;\n\tcvt.rn.bf16x2.f32 t, $3, $2;\n\tshl.b32 $0, t, 16;\n\t"
                 "and.b32 $1, t, 0xffff0000;\n\t}", [v], "=r,=r,r,r", 2, jnp.float32)
 

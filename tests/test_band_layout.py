@@ -144,8 +144,10 @@ def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
 def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
     """Compiled, the bf16 band backward widens and rounds as pairs and fuses its multiply-adds (``backend.RowOps``;
     H200 +1.9-4.5%): its TTIR carries the PTX, two ``fma.rn.f32`` (dweight's sum, dx) in every case, Llama's
-    ``cvt.rn.bf16x2.f32`` (n rounded) and its Gemma's absence, and fp16 none of it. Broken variant: ``row_ops`` patched
-    to the plain ops, no PTX left."""
+    ``cvt.rn.bf16x2.f32`` (n rounded; Gemma rounds nothing), and fp16's none of it. Casting "none" lowers: its
+    ``r(rstd)`` on a ``(rows, 1)`` column takes the plain rounding. Broken variants: ``row_ops`` patched to the plain
+    ops, no PTX left; pairs asked of the column, refused by Triton's verifier (as the GPU's first run of the change
+    was, at 3×65537)."""
     from pallas_norm import backend
     from torch_bridge import launch_route
 
@@ -165,6 +167,11 @@ def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
     assert llama[0] == gemma[0] == ptx(128, "llama", True)[0] == 2
     assert llama[1] > 0 and gemma[1] == 0 and llama[2] > 0 and gemma[2] > 0
     assert ptx(128, "llama", False, torch.float16) == (0, 0, 0)
+    assert ptx(128, "none", False)[0] == 2  # r(rstd) on a (rows, 1) column: plain (it has no pairs)
+    with monkeypatch.context() as patched:
+        patched.setattr(backend, "_pairs", lambda t: True)
+        with pytest.raises(Exception, match="multiple of the op's packed_element"):
+            ptx(64, "none", False)
     monkeypatch.setattr(backend, "row_ops", lambda dt, interpret: backend.RowOps(
         lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False))
     assert ptx(16, "llama", False) == (0, 0, 0)

@@ -87,8 +87,9 @@ def test_prefetch_gives_the_same_bits():
 def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
     """The band backward's g = r(dy·w_eff) taken as one multiply in the row dtype (LOW, forced here: the heuristic
     takes it for bf16 rms_norm, ``triton_product.grad_in_dtype``) gives the float32 product's bits: dx and dweight,
-    plain and fused add, equal with LOW off (fp16 rows on CPU: the interpreter multiplies bf16 by truncation). Broken variant: LOW forced for Gemma's casting, whose w_eff = 1 + w is no fp16 value (rounded, g
-    moves): its dx differs from the float32 product's."""
+    plain and fused add, equal with LOW off (fp16 rows on CPU: the interpreter multiplies bf16 by truncation).
+    Broken variant: LOW forced for Gemma's casting, whose w_eff = 1 + w is no fp16 value (rounded, g moves): its dx
+    differs from the float32 product's."""
     dtype = torch.bfloat16 if ON_GPU else torch.float16
     x, w, dy = torch_inputs((37, 4000), dtype, 0.0, seed=21, scale=2.0)
     dh = torch_inputs((37, 4000), dtype, 0.0, seed=22)[0]
