@@ -111,8 +111,9 @@ def _fma_f32(a, b, c):
 
 
 def row_ops(dt, *, interpret: bool) -> RowOps:
-    """``RowOps`` for rows of dtype ``dt``: ``pairs`` for bf16 compiled, else ``plain`` (see ``RowOps``)."""
-    if interpret or jnp.dtype(dt) != jnp.dtype(jnp.bfloat16):
+    """``RowOps`` for rows of dtype ``dt``: ``pairs`` for bf16 compiled (for a GPU of compute capability 8.0 or more,
+    ``cvt.rn.bf16x2.f32``'s; or none known: lowered without one), else ``plain`` (see ``RowOps``)."""
+    if interpret or jnp.dtype(dt) != jnp.dtype(jnp.bfloat16) or 0 < compute_capability() < 80:
         return RowOps(lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False)
     return RowOps(_widen_bf16_pairs, _round_bf16_pairs, _fma_f32, True)
 

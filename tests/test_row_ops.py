@@ -18,8 +18,9 @@ from helpers import ON_GPU
 SHAPE = (256, 256)
 
 
-def test_interpreter_and_other_dtypes_take_plain_ops():
-    """The interpreter cannot run PTX; fp16 and float32 rows keep ``astype``/``rounder`` and an unfused a·b + c."""
+def test_interpreter_and_other_dtypes_take_plain_ops(monkeypatch):
+    """The interpreter cannot run PTX; fp16 and float32 rows keep ``astype``/``rounder`` and an unfused a·b + c; so
+    does a GPU older than compute capability 8.0 (no ``cvt.rn.bf16x2.f32``)."""
     for dt, interpret in ((jnp.bfloat16, True), (jnp.float16, False), (jnp.float32, False)):
         ops = backend.row_ops(dt, interpret=interpret)
         assert not ops.fused
@@ -27,6 +28,9 @@ def test_interpreter_and_other_dtypes_take_plain_ops():
         assert ops.mul_add(a, b, c) == a * b + c
         assert ops.widen(jnp.ones(4, dt)).dtype == jnp.float32
     assert backend.row_ops(jnp.bfloat16, interpret=False).fused
+    for cc, fused in ((75, False), (80, True), (90, True)):
+        monkeypatch.setattr(backend, "compute_capability", lambda cc=cc: cc)
+        assert backend.row_ops(jnp.bfloat16, interpret=False).fused == fused
 
 
 def _kernel_apply(fn, *arrays, out_dtype=jnp.float32):
