@@ -164,7 +164,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt, low)
     # bf16 rows compiled: widened and rounded as pairs (the same bits), dweight's and dx's multiply-adds fused (one
     # rounding; ``backend.RowOps``). H200, 8192×32768-1024×262144, Llama and Gemma, plain and fused add: +1.9-4.5%;
-    # neither alone (pairs -2.9% to +2.8%, fma -2.9% to +0.6%; fifty-third session). fp16: fma alone ±0.6%, kept out.
+    # neither alone (pairs -2.8% to +3.4%, fma -2.9% to +0.6%; fifty-third session). fp16 (no pairs): the fma alone
+    # -0.7% to +0.9%, left out.
     ops = backend.row_ops(dt, interpret=interpret)
 
     def band(rows, rmask, c, cm, policy):
