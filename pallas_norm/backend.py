@@ -110,11 +110,16 @@ def _fma_f32(a, b, c):
     return _ptx("fma.rn.f32 $0, $1, $2, $3;", [a, b, c], "=r,r,r,r", 1, jnp.float32)
 
 
+def plain_ops(dt) -> RowOps:
+    """``RowOps``' ``plain`` for rows of dtype ``dt``: ``astype``, ``rounding.rounder``, ``a * b + c``."""
+    return RowOps(lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False)
+
+
 def row_ops(dt, *, interpret: bool) -> RowOps:
     """``RowOps`` for rows of dtype ``dt``: ``pairs`` for bf16 compiled (for a GPU of compute capability 8.0 or more,
-    ``cvt.rn.bf16x2.f32``'s; or none known: lowered without one), else ``plain`` (see ``RowOps``)."""
+    ``cvt.rn.bf16x2.f32``'s; or none known: lowered without one), else ``plain_ops``."""
     if interpret or jnp.dtype(dt) != jnp.dtype(jnp.bfloat16) or 0 < compute_capability() < 80:
-        return RowOps(lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False)
+        return plain_ops(dt)
     return RowOps(_widen_bf16_pairs, _round_bf16_pairs, _fma_f32, True)
 
 

@@ -86,15 +86,13 @@ def _grad(dy, w_eff, casting: str, dt, low: bool, dy32=None, ops=None):
     """``g = dy·w_eff`` (``rowmath.grad_scale``) in float32 from the tile ``dy`` as loaded: with ``low``
     (``grad_in_dtype``; ``w_eff`` from ``_weight_of``) one multiply in ``dt`` (one bf16x2/f16x2 instruction per pair,
     the float32 product's bits), widened (``round_to`` of it: kept under XLA too); else from ``dy``'s float32 values
-    (``dy32`` where the caller has them). ``ops`` (``backend.RowOps``, fused: a compiled kernel, whose product in
-    ``dt`` is rounded) widens and rounds instead of ``astype``/``rounder``."""
-    if ops is not None and ops.fused:
-        if low:
-            return ops.widen(rowmath.grad_scale(dy, w_eff, casting, lambda v: v))
-        return rowmath.grad_scale(ops.widen(dy) if dy32 is None else dy32, w_eff, casting, ops.round)
+    (``dy32`` where the caller has them). ``ops``: how it widens and rounds (``backend.RowOps``; None: ``plain_ops``;
+    ``pairs`` only widen the product in ``dt``, which a compiled kernel has rounded)."""
+    ops = ops or backend.plain_ops(dt)
     if low:
-        return rowmath.grad_scale(dy, w_eff, casting, lambda v: rounder(dt)(v.astype(F32)))
-    return rowmath.grad_scale(dy.astype(F32) if dy32 is None else dy32, w_eff, casting, rounder(dt))
+        keep = ops.widen if ops.fused else (lambda v: ops.round(ops.widen(v)))
+        return keep(rowmath.grad_scale(dy, w_eff, casting, lambda v: v))
+    return rowmath.grad_scale(ops.widen(dy) if dy32 is None else dy32, w_eff, casting, ops.round)
 
 
 def _rstd(sumsq, n: int, eps: float):
