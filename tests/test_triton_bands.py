@@ -5,7 +5,6 @@ partial sums itself (the fallback), the last reads them as posted."""
 from __future__ import annotations
 
 import functools
-import types
 
 import pytest
 import torch
@@ -84,7 +83,7 @@ def test_prefetch_gives_the_same_bits():
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
-def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
+def test_g_in_the_row_dtype_keeps_the_float32_products_bits():
     """The band backward's g = r(dy·w_eff) taken as one multiply in the row dtype (LOW, forced here: the heuristic
     takes it for bf16 rms_norm, ``triton_product.grad_in_dtype``) gives the float32 product's bits: dx and dweight,
     plain and fused add, equal with LOW off (fp16 rows on CPU: the interpreter multiplies bf16 by truncation).
@@ -96,11 +95,10 @@ def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
     config = CASES[4][1]
 
     def run(low, casting="llama", offset=0.0):
-        monkeypatch.setattr(triton_bands, "triton_product", types.SimpleNamespace(grad_in_dtype=lambda *a: low))
         _, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, offset, casting, config=config)
-        key = ("low", low)  # the launch key: LOW is what ``output_in_dtype`` gives for the key's other fields
-        return (*triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key),
-                *triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key, dh_out=dh))
+        key = ("low", low)  # the launch key: LOW is what ``grad_in_dtype`` gives for the key's other fields
+        return (*triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key, low=low),
+                *triton_bands.backward(dy, x, w, rstd, offset, casting, True, True, config, key, dh_out=dh, low=low))
 
     for a, b in zip(run(True), run(False), strict=True):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
-from torch_bridge import custom_ops, triton_dweight, triton_launch, triton_product
+from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_band_slots import (UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_gx, _sum_slots,
                                             _totals, _wait)
 from torch_bridge.triton_config import Config
@@ -265,10 +265,14 @@ def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
              casting: str, need_dx: bool, need_dweight: bool, cfg: Config, config_key: object,
-             dh_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+             dh_out: torch.Tensor | None = None, low: bool = False
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """As ``triton_kernels.rms_norm_bwd`` for a band config (``cfg.lag``, float32 compute): one launch; each band's
     dweight stored by its owner (one row group), or its groups' float32 partials summed in group order (a second
-    launch). ``config_key`` is what the caller passed as ``config`` (part of the launch key)."""
+    launch). ``config_key`` is what the caller passed as ``config`` (part of the launch key, which with it determines
+    ``low``: the caller's ``triton_product.grad_in_dtype``, g = r(dy·w_eff) one multiply in x's dtype, LOW; taken by
+    ``rms_norm``'s bf16 backward: H200 +2.8-5.6%, not the fused add's, -2.1% to +3.1%, nor fp16's, -16% at
+    8192×32768; fifty-third session)."""
     M, N = custom_ops.rows(x)
     need_dweight = need_dweight and weight is not None
     has_dh = dh_out is not None and need_dx
@@ -278,9 +282,6 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
     dweight = torch.empty_like(weight) if need_dweight else None
     partials = x.new_empty((groups, N), dtype=torch.float32) if need_dweight and groups > 1 else dweight
     slots = _slots(M, width, x.device) if need_dx else rstd
-    # g = r(dy·w_eff) one multiply in x's dtype (LOW): rms_norm's backward where ``grad_in_dtype`` holds (bf16; H200
-    # +2.8-5.6%), not the fused add's (-2.1% to +3.1%) nor fp16 (-16% at 8192×32768; fifty-third session)
-    low = need_dx and not has_dh and triton_product.grad_in_dtype(weight, x.dtype, offset, casting, N, M)
     key = ("bands", M, N, x.dtype, custom_ops.dtype_of(weight), offset, casting, config_key, x.get_device(),
            need_dx, need_dweight, has_dh)
     triton_launch.launch(key, _bands_bwd_kernel, (programs, groups),
@@ -293,7 +294,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
                                       NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else tl.float32,
-                                      EMULATE_BF16=INTERPRET, LOW=low, num_warps=cfg.num_warps),
+                                      EMULATE_BF16=INTERPRET, LOW=low and need_dx, num_warps=cfg.num_warps),
                          interpret=INTERPRET)
     if need_dweight and groups > 1:
         triton_dweight.reduce(partials, dweight, ("bands_dweight", *key))

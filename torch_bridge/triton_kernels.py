@@ -280,7 +280,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     if cfg.lag and cfg.chunked(N):  # column bands (a resident row ignores lag)
         if custom_ops.rstd_dtype(x) == torch.float32:
             return triton_bands.backward(dy, x, weight, rstd, offset, casting, need_dx, need_dweight, cfg, config,
-                                         dh_out=dh_out)
+                                         dh_out=dh_out, low=low)
         cfg = triton_config.chunked_backward_config()  # float64: its partial sums do not fit the 32-bit slots
     if cfg.l1_hints:
         raise ValueError(f"l1_hints is an option of the forward, got {cfg} for the backward")
