@@ -48,6 +48,14 @@ BANDS_SPARE = 32
 BANDS_MAX_PER_SM = 4
 BANDS = (1024, 1, 1, 2, True, 8)
 FWD_BANDS = (1024, 1, 1, 2, True, 16)
+# The walk of full blocks (``bands._full_walk``: where every row block of every group and every band is full, the
+# steady state's loads and stores unmasked, the column mask constant; the same bits). Fifty-fourth session (H200, bf16,
+# A/B against the masked walk, launched by torch, Llama / Gemma; probes_h200_2026-11-29_fiftyfourth.md): the forward
+# at 65536-262144 columns -0.4..+0.7% plain, the fused add's +12-14% at 65536-131072 (-0.3..+1.5% at 262144); the
+# backward at 32768-262144 +0.1..+1.0% plain, the fused add's +0.6..+7.4% up to 131072 but -7.5% / -8.7% at 262144
+# (256 bands; the constant column mask alone -11%; ncu from JAX: fewer instructions, more long-scoreboard stalls,
+# 522 → 565 us; not understood): the fused add's backward of more bands keeps the masked walk.
+FULL_WALK_ADD_BWD_MAX_BANDS = 128
 
 
 def band_grid(n: int, sms: int, *, backward: bool, min_cols: int) -> tuple[tuple, int] | None:

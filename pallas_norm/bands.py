@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import backend, band_slots, rowmath
+from . import backend, band_slots, band_tables, rowmath
 from .band_slots import groups
 from .dweight import reduce_dweight
 from .kernels import _bwd_inputs
@@ -39,10 +39,13 @@ from .rounding import rounder
 from .tiles import F32, _grad, _rstd, _span, _weight_of, grad_in_dtype
 
 
-def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt, low: bool = False):
-    """This program's band: ``(band index, cols, cmask, w_eff over the band)`` (``tiles._weight_of``)."""
+def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt, low: bool = False, full: bool = False):
+    """This program's band: ``(band index, cols, cmask, w_eff over the band)`` (``tiles._weight_of``); ``full``
+    (``_full_walk``): a constant ``cmask``, which Triton drops from the loads and stores."""
     pid, bc = pl.program_id(0), config.block_cols
     cols, cmask = _span(pid * bc, bc, n)
+    if full:
+        cmask = jnp.full((bc,), True)
     return pid, cols, cmask, _weight_of(w_ref, cols, cmask, offset, casting, dt, low)
 
 
@@ -57,31 +60,80 @@ def _enqueue(queue: tuple, tiles) -> tuple:
     return (tiles, *queue[:-1])
 
 
-def _walk_bands(m: int, n: int, config: Config, lag: int, fetch, start, finish, ex, acc_cols: int | None = None):
-    """``acc = start(t, fetch(t), acc)`` for every row block t (``acc``: float32 zeros of ``(acc_cols,)`` at first,
-    None without ``acc_cols``), and ``finish(t - lag, tiles, posted, alone)`` after it (``lag`` 0: no finishing;
-    ``tiles``: block t - lag's, carried in registers since its fetch with ``config.carry``, else None: finish loads
-    them again); block t - lag's slots are read before block t's math (in flight meanwhile). With
-    ``config.prefetch`` block t + 1 is fetched first. Returns ``acc``."""
+def _exact(m: int, n: int, config: Config) -> bool:
+    """Whether every row block of every group is full and every band too (no mask needed until the last block)."""
+    br = config.block_rows
+    return m % br == 0 and cdiv(m, br) % groups(config, n) == 0 and n % config.block_cols == 0
+
+
+def _full_walk(m: int, n: int, config: Config, *, add_backward: bool = False) -> bool:
+    """Whether a band kernel walks full blocks (``_walk_bands``' ``full``) with a constant column mask
+    (``_own_band``'s): ``_exact``, and for the fused add's backward at most ``band_tables.FULL_WALK_ADD_BWD_MAX_BANDS``
+    bands (slower beyond, measured)."""
+    return _exact(m, n, config) and not (add_backward and config.chunks(n) > band_tables.FULL_WALK_ADD_BWD_MAX_BANDS)
+
+
+def _walk_bands(m: int, n: int, config: Config, lag: int, rows_of, fetch, start, finish, ex,
+                acc_cols: int | None = None, *, full: bool = False):
+    """``acc = start(rows(t), fetch(rows(t)), acc)`` for every row block t (``rows(t)``: ``(rows, mask)``, from
+    ``rows_of``; ``acc``: float32 zeros of ``(acc_cols,)`` at first, None without ``acc_cols``), and
+    ``finish(t - lag, rows(t - lag), tiles, posted, alone)`` after it (``lag`` 0: no finishing; ``tiles``: block
+    t - lag's, carried in registers since its fetch with ``config.carry``, else None: finish loads them again); block
+    t - lag's slots are read before block t's math (in flight meanwhile). With ``config.prefetch`` block t + 1 is
+    fetched first. With ``full`` (``_full_walk``; prefetching, read again, some lag) three loops: the first
+    lag blocks started, the steady state with constant row masks (unmasked loads and stores: no zero fill), the last
+    lag blocks finished; the same bits as one masked loop (what it skips adds zeros). Returns ``acc``."""
     carry = config.carry and lag > 0
+    steps = cdiv(cdiv(m, config.block_rows), groups(config, n))
+    acc = None if acc_cols is None else jnp.zeros((acc_cols,), F32)
+    if full and lag and config.prefetch and not carry and steps > lag:
+        return _walk_full_blocks(steps, lag, rows_of, fetch, start, finish, ex, acc)
 
     def body(t, state):
         tiles, queue, acc, alone = state
-        nxt = fetch(t + 1) if config.prefetch else None
+        nxt = fetch(rows_of(t + 1)) if config.prefetch else None
         if not config.prefetch:
-            tiles = fetch(t)
+            tiles = fetch(rows_of(t))
         posted = ex.read(t - lag) if lag else None
-        acc = start(t, tiles, acc)
+        acc = start(rows_of(t), tiles, acc)
         if lag:
-            alone = finish(t - lag, queue[-1] if carry else None, posted, alone)
+            alone = finish(t - lag, rows_of(t - lag), queue[-1] if carry else None, posted, alone)
         return nxt, _enqueue(queue, tiles) if carry else (), acc, alone
 
-    first = fetch(0) if config.prefetch else None
-    zeros = jax.tree.map(jnp.zeros_like, first if config.prefetch else fetch(0)) if carry else None
+    first = fetch(rows_of(0)) if config.prefetch else None
+    zeros = jax.tree.map(jnp.zeros_like, first if config.prefetch else fetch(rows_of(0))) if carry else None
     queue = (zeros,) * lag if carry else ()  # blocks -lag .. -1: never finished
-    acc = None if acc_cols is None else jnp.zeros((acc_cols,), F32)
-    steps = cdiv(cdiv(m, config.block_rows), groups(config, n))
     return lax.fori_loop(0, steps + lag, body, (first, queue, acc, jnp.bool_(False)))[2]
+
+
+def _walk_full_blocks(steps: int, lag: int, rows_of, fetch, start, finish, ex, acc):
+    """``_walk_bands`` where every block is full, prefetching: blocks 0 .. lag - 1 started (nothing to finish),
+    lag .. steps - 1 started and block t - lag finished (the prefetch of block steps clamped to steps - 1: read, not
+    used), then the last lag blocks finished; row masks constant (Triton drops them)."""
+
+    def full(t):
+        rows, _ = rows_of(t)
+        return rows, jnp.full(rows.shape, True)
+
+    def head(t, state):
+        tiles, acc = state
+        return fetch(full(t + 1)), start(full(t), tiles, acc)
+
+    def steady(t, state):
+        tiles, acc, alone = state
+        nxt = fetch(full(jnp.minimum(t + 1, steps - 1)))
+        posted = ex.read(t - lag)
+        acc = start(full(t), tiles, acc)
+        return nxt, acc, finish(t - lag, full(t - lag), None, posted, alone)
+
+    def tail(t, state):
+        acc, alone = state
+        posted = ex.read(t - lag)
+        return acc, finish(t - lag, full(t - lag), None, posted, alone)
+
+    tiles, acc = lax.fori_loop(0, lag, head, (fetch(full(0)), acc))
+    _, acc, alone = lax.fori_loop(lag, steps, steady, (tiles, acc, jnp.bool_(False)))
+    return lax.fori_loop(steps, steps + lag, tail, (acc, alone))[0]
 
 
 def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, has_residual, interpret):
@@ -97,7 +149,8 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
     h_ref = refs.pop(0) if has_residual else None
     rstd_ref, slots_ref = refs
     dt = y_ref.dtype
-    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt)
+    full = _full_walk(m, n, config)
+    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt, full=full)
 
     def band(rows, rmask, c, cm, policy):
         mask = rmask[:, None] & cm[None, :]
@@ -117,17 +170,17 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
     rows_of = band_slots.block_rows_of(m, n, config)
     ex = band_slots.exchange(slots_ref, partial_sq, rows_of, n=n, config=config, interpret=interpret)
 
-    def fetch(t):
-        return band(*rows_of(t), cols, cmask, _first_read(config))
+    def fetch(rr):
+        return band(*rr, cols, cmask, _first_read(config))
 
-    def start(t, tiles, acc):
-        rows, rmask = rows_of(t)
+    def start(rr, tiles, acc):
+        rows, rmask = rr
         h32 = row(tiles)
         ex.post(rows, rmask, jnp.sum(h32 * h32, axis=1))
         return acc
 
-    def finish(u, tiles, posted, alone):
-        rows, rmask = rows_of(u)
+    def finish(u, rr, tiles, posted, alone):
+        rows, rmask = rr
         tiles = band(rows, rmask, cols, cmask, "evict_first") if tiles is None else tiles
         total, alone = ex.totals(u, posted, alone)
         rstd = _rstd(total, n, eps)
@@ -140,7 +193,7 @@ def _fwd_kernel(*refs, m, n, eps, offset, casting, config: Config, has_weight, h
         backend.store(rstd_ref.at[rows], rstd, rmask & (pid == 0))
         return alone
 
-    _walk_bands(m, n, config, max(config.lag, 1), fetch, start, finish, ex)
+    _walk_bands(m, n, config, max(config.lag, 1), rows_of, fetch, start, finish, ex, full=full)
 
 
 def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_dx, need_dw, has_dh_out, interpret):
@@ -161,7 +214,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     # (``ncu`` on an H200: DRAM 69% busy, the issue slots half used by 8 one-warp programs per SM; probes fifty-second
     # session §4); the float32 product took a multiply, a rounding and a widening per element, twice.
     low = grad_in_dtype(None if w_ref is None else w_ref.dtype, dt, casting, offset)
-    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt, low)
+    full = _full_walk(m, n, config, add_backward=has_dh_out)
+    pid, cols, cmask, w_eff = _own_band(w_ref, n, config, offset, casting, dt, low, full)
     # bf16 rows compiled: widened and rounded as pairs (the same bits), dweight's and dx's multiply-adds fused (one
     # rounding; ``backend.RowOps``). H200, 8192×32768-1024×262144, Llama and Gemma, plain and fused add: +1.9-4.5%;
     # neither alone (pairs -2.8% to +3.4%, fma -2.9% to +0.6%; fifty-third session). fp16 (no pairs): the fma alone
@@ -184,15 +238,15 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     ex = (band_slots.exchange(slots_ref, partial_gx, rows_of, n=n, config=config, interpret=interpret)
           if need_dx else None)
 
-    def fetch(t):
-        """Block ``t``'s band of x and dy, and its rstd, from memory (kept in L2 for a second read)."""
-        rows, rmask = rows_of(t)
+    def fetch(rr):
+        """A row block's band of x and dy, and its rstd, from memory (kept in L2 for a second read)."""
+        rows, rmask = rr
         return (*band(rows, rmask, cols, cmask, _first_read(config)), backend.load(rstd_ref.at[rows], rmask))
 
-    def start(t, tiles, dw):
-        """Block ``t``: its ``dweight`` terms, and its rows' partial sums posted."""
+    def start(rr, tiles, dw):
+        """A row block: its ``dweight`` terms, and its rows' partial sums posted."""
         x_raw, dy_raw, rstd = tiles
-        rows, rmask = rows_of(t)
+        rows, rmask = rr
         if need_dw:
             dy32, n_val = ops.widen(dy_raw), rowmath.normalized(ops.widen(x_raw), rstd[:, None], casting, ops.round)
             if ops.fused and config.block_rows == 1:
@@ -203,9 +257,9 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
             ex.post(rows, rmask, sum_gx(x_raw, dy_raw, w_eff))
         return dw
 
-    def finish(u, tiles, posted, alone):
+    def finish(u, rr, tiles, posted, alone):
         """Block ``u``: its ``dx`` from the band (carried, or read again: L1 or L2) and the rows' totals."""
-        rows, rmask = rows_of(u)
+        rows, rmask = rr
         if tiles is None:
             x_raw, dy_raw = band(rows, rmask, cols, cmask, "evict_first")
             rstd = backend.load(rstd_ref.at[rows], rmask)
@@ -221,7 +275,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
         backend.store(dx_ref.at[rows[:, None], cols[None, :]], dx.astype(dt), tile_mask)
         return alone
 
-    dw = _walk_bands(m, n, config, config.lag if need_dx else 0, fetch, start, finish, ex, bc)
+    dw = _walk_bands(m, n, config, config.lag if need_dx else 0, rows_of, fetch, start, finish, ex, bc, full=full)
     if need_dw and len(dw_ref.shape) == 1:  # one row group: this band's dweight itself
         backend.store(dw_ref.at[cols], dw.astype(dw_ref.dtype), cmask)
     elif need_dw:  # the group's partial, summed in group order by reduce_dweight

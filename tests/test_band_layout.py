@@ -39,6 +39,8 @@ def test_heuristic_takes_bands_for_long_rows(backward, monkeypatch):
     from pallas_norm import backend
 
     first = 8193 if backward else 16385
+    monkeypatch.setattr(backend, "gpu_model", lambda: "")  # the tables without a model's entries (an H200 has some)
+    monkeypatch.setattr(pallas_config, "_available", lambda: False)  # nor jaxlib's Triton call (a GPU's forward)
     for sms in (132, 114):
         monkeypatch.setattr(backend, "num_sms", lambda sms=sms: sms)
         per_sm = (band_tables.BANDS if backward else band_tables.FWD_BANDS)[-1]
@@ -116,10 +118,10 @@ def test_torch_launch_route_fills_the_slots_per_call():
 def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
     """Where the backward may take g = r(dy·w_eff) as one multiply in the row dtype (``tiles.grad_in_dtype``: Llama's
     casting, 16-bit rows, the weight in their dtype), the band backward does, plain and fused add: its TTIR multiplies
-    bf16 tiles (the start's row sum, the finish's dx and the fallback's peer sums; one bf16x2 instruction per pair on
-    sm_90, the float32 product's bits). H200: +5-8% at 32768-262144 columns, the band backward being bound by its
-    instruction stream (``bands._bwd_kernel``). Gemma's casting keeps the float32 product. Broken variant: the choice
-    turned off (``bands.grad_in_dtype`` patched), no bf16 multiply left."""
+    bf16 tiles (the start's row sum, the finish's dx and the fallback's peer sums, in each loop of the walk; one bf16x2
+    instruction per pair on sm_90, the float32 product's bits). H200: +5-8% at 32768-262144 columns, the band backward
+    being bound by its instruction stream (``bands._bwd_kernel``). Gemma's casting keeps the float32 product. Broken
+    variant: the choice turned off (``bands.grad_in_dtype`` patched), no bf16 multiply left."""
     from pallas_norm import backend, bands
     from torch_bridge import launch_route
 
@@ -135,7 +137,7 @@ def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
         ttir = launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir
         return len(re.findall(r"arith\.mulf .*bf16>", ttir))
 
-    assert bf16_products(64, "llama", False) == 3 and bf16_products(64, "llama", True) == 3
+    assert bf16_products(64, "llama", False) >= 3 and bf16_products(64, "llama", True) >= 3
     assert bf16_products(64, "gemma", False) == 0
     monkeypatch.setattr(bands, "grad_in_dtype", lambda *args, **kw: False)
     assert bf16_products(32, "llama", False) == 0
@@ -143,11 +145,11 @@ def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
 
 def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
     """Compiled, the bf16 band backward widens and rounds as pairs and fuses its multiply-adds (``backend.RowOps``;
-    H200 +1.9-4.5%): its TTIR carries the PTX, two ``fma.rn.f32`` (dweight's sum, dx) in every case, Llama's
-    ``cvt.rn.bf16x2.f32`` (n rounded; Gemma rounds nothing), and fp16's none of it. Casting "none" lowers: its
-    ``r(rstd)`` on a ``(rows, 1)`` column takes the plain rounding. Broken variants: ``row_ops`` patched to the plain
-    ops, no PTX left; pairs asked of the column, refused by Triton's verifier (as the GPU's first run of the change
-    was, at 3×65537)."""
+    H200 +1.9-4.5%): its TTIR carries the PTX, ``fma.rn.f32`` (dweight's sum, dx; in each loop of the walk) alike in
+    every case, Llama's ``cvt.rn.bf16x2.f32`` (n rounded; Gemma rounds nothing), and fp16's none of it. Casting "none"
+    lowers: its ``r(rstd)`` on a ``(rows, 1)`` column takes the plain rounding. Broken variants: ``row_ops`` patched
+    to the plain ops, no PTX left; pairs asked of the column, refused by Triton's verifier (as the GPU's first run of
+    the change was, at 3×65537)."""
     from pallas_norm import backend
     from torch_bridge import launch_route
 
@@ -164,10 +166,10 @@ def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
         return tuple(len(re.findall(pattern, ttir)) for pattern in (r"fma\.rn\.f32", r"cvt\.rn\.bf16x2", r"shl\.b32"))
 
     llama, gemma = ptx(128, "llama", False), ptx(128, "gemma", False)
-    assert llama[0] == gemma[0] == ptx(128, "llama", True)[0] == 2
+    assert llama[0] == gemma[0] >= 2 and ptx(128, "llama", True)[0] >= 2  # (the fused add's walk: one loop here)
     assert llama[1] > 0 and gemma[1] == 0 and llama[2] > 0 and gemma[2] > 0
     assert ptx(128, "llama", False, torch.float16) == (0, 0, 0)
-    assert ptx(128, "none", False)[0] == 2  # r(rstd) on a (rows, 1) column: plain (it has no pairs)
+    assert ptx(128, "none", False)[0] == llama[0]  # r(rstd) on a (rows, 1) column: plain (it has no pairs)
     with monkeypatch.context() as patched:
         patched.setattr(backend, "_pairs", lambda t: True)
         with pytest.raises(Exception, match="multiple of the op's packed_element"):

@@ -142,6 +142,44 @@ def test_g_in_the_row_dtype_keeps_the_float32_products_bits(monkeypatch):
     assert not np.array_equal(bits(forced), bits(f32))
 
 
+def test_full_blocks_walk_gives_the_masked_walks_bits(monkeypatch):
+    """Where every row block of every group and every band is full (``bands._exact``) the band kernels walk in three
+    loops with constant row masks (``_walk_full_blocks``: unmasked loads and stores on a GPU). y, rstd, dx and
+    dweight, plain and fused add, one row group and four, are the one masked loop's bits. Broken variant: the walk
+    one block short, caught (the last block's rows). The fused add's backward of more than
+    ``FULL_WALK_ADD_BWD_MAX_BANDS`` bands keeps the masked walk (slower there on an H200)."""
+    x, w, dy = jax_inputs((32, 4096), jnp.bfloat16, 0.0, seed=31, scale=2.0)
+    r = jax_inputs((32, 4096), jnp.bfloat16, 0.0, seed=32)[0]
+    configs = [pallas_config.fit(c, 32, 4096, backward=True) for c in
+               (Config(2, 512, 4, lag=2, prefetch=True), Config(2, 512, 4, lag=1, prefetch=True, programs=32))]
+    assert all(bands._exact(32, 4096, c) for c in configs)
+    assert [band_slots.groups(c, 4096) for c in configs] == [1, 4]
+    assert all(bands._full_walk(32, 4096, c, add_backward=True) for c in configs)
+    wide = pallas_config.fit(Config(1, 1024, 1, lag=2, prefetch=True, programs=1024), 1024, 262144, backward=True)
+    assert bands._full_walk(1024, 262144, wide) and not bands._full_walk(1024, 262144, wide, add_backward=True)
+
+    def run():
+        outs = []
+        for config in configs:
+            kw = dict(offset=0.0, casting="llama", config=config, interpret=True)
+            y, rstd = bands.forward(x, w, eps=1e-6, **kw)
+            y_add, h, rstd_h = bands.forward(x, w, eps=1e-6, residual=r, h_dtype=x.dtype, **kw)
+            outs += [y, rstd, y_add, h, rstd_h, *bands.backward(x, w, dy, rstd, **kw),
+                     *bands.backward(h, w, dy, rstd_h, dh_out=r, **kw)]
+        return outs
+
+    full = run()
+    with monkeypatch.context() as patched:
+        patched.setattr(bands, "_exact", lambda *args: False)
+        masked = run()
+    for a, b in zip(full, masked, strict=True):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    walk = bands._walk_full_blocks
+    monkeypatch.setattr(bands, "_walk_full_blocks", lambda steps, lag, *args: walk(steps - 1, lag, *args))
+    short = run()
+    assert not all(np.array_equal(bits(a), bits(b)) for a, b in zip(short, masked))
+
+
 def test_posted_and_recomputed_sums_have_the_same_bits():
     """Band 0's program (first in the interpreter) recomputes every peer's partial sum; the last band's reads them
     as posted. With the last band a copy of band 0 (x, dy, weight), their dx must be the same bits."""
