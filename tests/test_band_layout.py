@@ -145,11 +145,11 @@ def test_band_backward_multiplies_g_in_the_row_dtype(monkeypatch):
 
 def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
     """Compiled, the bf16 band backward widens and rounds as pairs and fuses its multiply-adds (``backend.RowOps``;
-    H200 +1.9-4.5%): its TTIR carries the PTX, ``fma.rn.f32`` (dweight's sum, dx; in each loop of the walk) alike in
-    every case, Llama's ``cvt.rn.bf16x2.f32`` (n rounded; Gemma rounds nothing), and fp16's none of it. Casting "none"
-    lowers: its ``r(rstd)`` on a ``(rows, 1)`` column takes the plain rounding. Broken variants: ``row_ops`` patched
-    to the plain ops, no PTX left; pairs asked of the column, refused by Triton's verifier (as the GPU's first run of
-    the change was, at 3×65537)."""
+    H200 +1.9-4.5%): its TTIR carries the PTX, ``fma.rn.f32`` (dweight's sum, dx; in each loop of the walk) alike
+    for both castings, Llama's ``cvt.rn.bf16x2.f32`` (n rounded; Gemma rounds nothing), and fp16's none of it. Casting
+    "none" lowers: its ``r(rstd)`` on a ``(rows, 1)`` column takes the plain rounding. Broken variants: ``row_ops``
+    patched to the plain ops, no PTX left; pairs asked of the column, refused by Triton's verifier (as the GPU's first
+    run of the change was, at 3×65537)."""
     from pallas_norm import backend
     from torch_bridge import launch_route
 
