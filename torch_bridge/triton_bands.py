@@ -23,8 +23,8 @@ from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_band_slots import (UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_gx, _sum_slots,
                                             _totals, _wait)
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _rstd, _tile,
-                                         _to_dt, _w_eff, _weight_low)
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _bwd_weight, _dx, _grad_n, _normalize,
+                                         _rstd, _tile, _to_dt)
 
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
 
@@ -39,16 +39,12 @@ def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
 @triton.jit
 def _own_band(W, pid, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
               DT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr = False):
-    """Program ``pid``'s band: its columns, their mask and the float32 effective weight over them (zeros without;
-    with LOW values of DT, ``_weight_low``)."""
+    """Program ``pid``'s band: its columns, their mask and its effective weight (``_bwd_weight``: float32, zeros
+    without; with LOW values of DT)."""
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w_eff = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if LOW:
-        w_eff = _weight_low(W, cols, N, offset, CASTING, DT, tl.float32, EMULATE_BF16, "")
-    elif HAS_WEIGHT:
-        w_eff = _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, tl.float32, EMULATE_BF16)
-    return cols, col_mask, w_eff
+    return cols, col_mask, _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT, LOW, CASTING, DT, tl.float32,
+                                       EMULATE_BF16)
 
 
 @triton.jit

@@ -23,8 +23,8 @@ from pallas_norm.pallas_config import balanced, cdiv  # not triton.cdiv: a Const
 from torch_bridge import (custom_ops, triton_bands, triton_config, triton_dweight, triton_launch, triton_pieces,
                           triton_product, triton_two_pass)
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _dx, _grad_n, _normalize, _row, _rstd,
-                                         _store_y, _tile, _to_dt, _w_eff, _weight_low)
+from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _bwd_weight, _dx, _grad_n, _normalize,
+                                         _row, _rstd, _store_y, _tile, _to_dt, _w_eff, _weight_low)
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -110,18 +110,6 @@ def _bwd_block(X, DY, RSTD, rows, cols, col_mask, M, N):
     offs, mask = _tile(rows, row_mask, cols, col_mask, N)
     return tl.load(X + offs, mask=mask, other=0.0), tl.load(DY + offs, mask=mask, other=0.0), tl.load(
         RSTD + rows, mask=row_mask, other=0.0)
-
-
-@triton.jit
-def _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr,
-                DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """The backward's w_eff[cols]: with LOW a value of DT (``_weight_low``), else CT (unused without a weight)."""
-    if LOW:
-        return _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
-    elif HAS_WEIGHT:
-        return _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
-    else:
-        return tl.zeros(cols.shape, dtype=CT)
 
 
 @triton.jit

@@ -133,6 +133,19 @@ def _dx(x, g, rstd, c):
     return r * (g - x * (r * r) * c[:, None])
 
 
+@triton.jit
+def _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT: tl.constexpr, LOW: tl.constexpr, CASTING: tl.constexpr,
+                DT: tl.constexpr, CT: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """The backward's w_eff[cols] (the resident and band kernels): with LOW a value of DT (``_weight_low``), else CT
+    (zeros without a weight)."""
+    if LOW:
+        return _weight_low(W, cols, N, offset, CASTING, DT, CT, EMULATE_BF16, "")
+    elif HAS_WEIGHT:
+        return _w_eff(tl.load(W + cols, mask=col_mask, other=0.0), offset, CASTING, DT, CT, EMULATE_BF16)
+    else:
+        return tl.zeros(cols.shape, dtype=CT)
+
+
 # ----------------------------------------------------------------------------------------------
 # The forward's row helpers (the resident and chunked walks of triton_kernels, triton_two_pass)
 # ----------------------------------------------------------------------------------------------
