@@ -58,6 +58,15 @@ FWD_BANDS = (1024, 1, 1, 2, True, 16)
 FULL_WALK_ADD_BWD_MAX_BANDS = 128
 
 
+def full_blocks(m: int, n: int, block_rows: int, block_cols: int, groups: int, *, add_backward: bool = False) -> bool:
+    """Whether a band walk of ``m`` rows of ``n`` in ``groups`` interleaved row groups may walk full blocks (the Pallas
+    band kernels; the Triton reference's plain backward, ``triton_bands._full``): every row block of every group
+    full, every band full, and for the fused add's backward at most ``FULL_WALK_ADD_BWD_MAX_BANDS`` bands."""
+    blocks, bands = -(-m // block_rows), -(-n // block_cols)
+    return (m % block_rows == 0 and blocks % groups == 0 and n % block_cols == 0
+            and not (add_backward and bands > FULL_WALK_ADD_BWD_MAX_BANDS))
+
+
 def band_grid(n: int, sms: int, *, backward: bool, min_cols: int) -> tuple[tuple, int] | None:
     """The band table of a direction (``BANDS``/``FWD_BANDS``) and the row groups of its grid for rows of ``n``
     columns on a GPU of ``sms`` SMs, or None where rows take no bands: shorter than ``min_cols``, or more than

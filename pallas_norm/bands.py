@@ -60,17 +60,12 @@ def _enqueue(queue: tuple, tiles) -> tuple:
     return (tiles, *queue[:-1])
 
 
-def _exact(m: int, n: int, config: Config) -> bool:
-    """Whether every row block of every group is full and every band too (no mask needed until the last block)."""
-    br = config.block_rows
-    return m % br == 0 and cdiv(m, br) % groups(config, n) == 0 and n % config.block_cols == 0
-
-
 def _full_walk(m: int, n: int, config: Config, *, add_backward: bool = False) -> bool:
     """Whether a band kernel walks full blocks (``_walk_bands``' ``full``) with a constant column mask
-    (``_own_band``'s): ``_exact``, and for the fused add's backward at most ``band_tables.FULL_WALK_ADD_BWD_MAX_BANDS``
-    bands (slower beyond, measured)."""
-    return _exact(m, n, config) and not (add_backward and config.chunks(n) > band_tables.FULL_WALK_ADD_BWD_MAX_BANDS)
+    (``_own_band``'s): ``band_tables.full_blocks`` (every block and band full; for the fused add's backward at most
+    ``FULL_WALK_ADD_BWD_MAX_BANDS`` bands: slower beyond, measured)."""
+    return band_tables.full_blocks(m, n, config.block_rows, config.block_cols, groups(config, n),
+                                   add_backward=add_backward)
 
 
 def _walk_bands(m: int, n: int, config: Config, lag: int, rows_of, fetch, start, finish, ex,

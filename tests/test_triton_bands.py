@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 import torch_bridge
-from torch_bridge import triton_band_slots, triton_bands, triton_config, triton_kernels
+from torch_bridge import triton_band_slots, triton_bands, triton_config, triton_kernels, triton_launch
 
 from helpers import HAS_CUDA, ON_GPU, judge, torch_inputs
 
@@ -81,6 +81,64 @@ def test_prefetch_gives_the_same_bits():
         dw_only = triton_kernels.rms_norm_bwd(dy, x, w, rstd, 1.0, "gemma", False, True, config=config)[1]
         runs.append((y, rstd, *fused[:2], *grads, dw_only))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+FULL_CONFIGS = [triton_config.Config(2, 512, 4, lag=2, prefetch=True),
+                triton_config.Config(2, 512, 4, lag=1, groups=4, prefetch=True)]
+
+
+def _backward_runs(x, w, dy, r, configs=FULL_CONFIGS) -> list[torch.Tensor]:
+    """y, rstd, dx and dweight, and the fused add's y, h, rstd, dh and dweight, for each of ``configs``."""
+    outs = []
+    for config in configs:
+        y, rstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", config=config)
+        y_add, h, rstd_h = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", config=config, residual=r,
+                                                       h_dtype=x.dtype)
+        outs += [y, rstd, *triton_kernels.rms_norm_bwd(dy, x, w, rstd, 0.0, "llama", True, True, config=config),
+                 y_add, h, rstd_h,
+                 *triton_kernels.rms_norm_bwd(dy, h, w, rstd_h, 0.0, "llama", True, True, config=config, dh_out=r)]
+    return outs
+
+
+def test_full_blocks_walk_gives_the_masked_walks_bits(monkeypatch):
+    """Where every row block of every group and every band is full (``triton_bands._full``, the Pallas kernels'
+    rule) the plain backward walks in three loops with constant masks (FULL: unmasked loads and stores on a GPU): its
+    dx and dweight, one row group and four, are the masked walk's bits. Forced here for the fused add's backward too
+    (the kernel takes it; the heuristic does not: ``_full``), whose dh and dweight are the masked walk's bits."""
+    x, w, dy = torch_inputs((16, 2048), torch.bfloat16, 0.0, seed=31, scale=2.0)
+    r = torch_inputs((16, 2048), torch.bfloat16, 0.0, seed=32)[0]
+    assert all(triton_bands._full(16, 2048, c, triton_bands._groups(16, c), c.lag, False) for c in FULL_CONFIGS)
+    assert not triton_bands._full(16, 2048, FULL_CONFIGS[0], 1, 2, True)  # not the fused add's
+    assert not triton_bands._full(17, 2048, FULL_CONFIGS[0], 1, 2, False)  # a last block of one row
+    monkeypatch.setattr(triton_bands, "_full", lambda *args: True)
+    full = _backward_runs(x, w, dy, r)
+    monkeypatch.setattr(triton_bands, "_full", lambda *args: False)
+    monkeypatch.setattr(triton_launch, "_DIRECT", {})  # on a GPU, the launches above are cached by key
+    masked = _backward_runs(x, w, dy, r)
+    for a, b in zip(full, masked, strict=True):
+        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
+@triton.jit
+def _group_zero_block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M, FULL: tl.constexpr = False):
+    """``triton_bands._block`` broken under FULL: every row group walks group 0's rows."""
+    rows = (t * G + (0 if FULL else g)) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows, tl.full([BLOCK_M], True, tl.int1) if FULL else rows < M
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="compiled, a kernel binds its jit helpers when first compiled; the interpreter "
+                    "looks them up per call, so only there can the test swap one")
+def test_full_blocks_walk_broken_variant_is_caught(monkeypatch):
+    """The comparison above catches a broken walk of full blocks: its rows of every group group 0's (the other
+    groups' rows left unwritten, their sums posted twice)."""
+    x, w, dy = torch_inputs((16, 2048), torch.bfloat16, 0.0, seed=31, scale=2.0)
+    r = torch_inputs((16, 2048), torch.bfloat16, 0.0, seed=32)[0]
+    monkeypatch.setattr(triton_bands, "_full", lambda *args: True)
+    full = _backward_runs(x, w, dy, r, FULL_CONFIGS[1:])
+    monkeypatch.setattr(triton_bands, "_block", _group_zero_block)
+    broken = _backward_runs(x, w, dy, r, FULL_CONFIGS[1:])
+    assert not all(torch.equal(a, b) for a, b in zip(full, broken))
 
 
 def test_g_in_the_row_dtype_keeps_the_float32_products_bits():

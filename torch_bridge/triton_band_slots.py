@@ -69,11 +69,12 @@ def _post(SLOT, rows, row_mask, S, pid, part):
 
 @triton.jit
 def _lagged(SLOT, rows, M, pcols, P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, LAG: tl.constexpr,
-            BLOCK_M: tl.constexpr):
+            BLOCK_M: tl.constexpr, FULL: tl.constexpr = False):
     """The row block ``LAG`` steps behind ``rows``: ``(rows_b, row_mask_b, slot_mask, posted)``, its slots read
-    (volatile) now, so they are in flight during the current block's math."""
+    (volatile) now, so they are in flight during the current block's math (FULL: a full block, the row mask
+    constant)."""
     rows_b = rows - LAG * G * BLOCK_M
-    row_mask_b = (rows_b >= 0) & (rows_b < M)
+    row_mask_b = tl.full([BLOCK_M], True, tl.int1) if FULL else (rows_b >= 0) & (rows_b < M)
     slot_mask = row_mask_b[:, None] & (pcols[None, :] < P)
     posted = tl.load(SLOT + rows_b.to(tl.int64)[:, None] * S + pcols[None, :], mask=slot_mask, other=0, volatile=True)
     return rows_b, row_mask_b, slot_mask, posted

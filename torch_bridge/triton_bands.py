@@ -8,7 +8,9 @@ band posted as float32 bits to ``slots[row, band]`` (filled with ``UNPOSTED`` pe
 ``t - lag`` is then finished from its band read again and the sum of its rows' slots (one order for every program):
 y (and rstd, band 0) or dx. A program that polls ``SPIN_LIMIT`` times without seeing a block's slots complete
 computes the missing partials itself (the owners' code, the same bits) and never waits again (the slot protocol:
-``triton_band_slots``). Compute is float32 (float64 inputs stay on the chunked paths).
+``triton_band_slots``). Compute is float32 (float64 inputs stay on the chunked paths). A block's steps (fetch, start,
+finish): ``triton_band_steps``. Where every block and band is full (``_full``) the plain backward walks in three
+loops with constant masks (unmasked loads and stores; the same bits).
 """
 
 from __future__ import annotations
@@ -17,53 +19,17 @@ import torch
 import triton
 import triton.language as tl
 
+from pallas_norm import band_tables
 from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
-from torch_bridge.triton_band_slots import (UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_gx, _sum_slots,
-                                            _totals, _wait)
+from torch_bridge.triton_band_slots import UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_slots
+from torch_bridge.triton_band_steps import (_band_again, _block, _bwd_complete, _bwd_fetch, _bwd_finish, _bwd_start,
+                                            _fwd_fetch, _fwd_finish, _own_band)
 from torch_bridge.triton_config import Config
-from torch_bridge.triton_rowmath import (CASTING_CODES, INTERPRET, _TL_DTYPES, _bwd_weight, _dx, _grad_n, _normalize,
-                                         _rstd, _tile, _to_dt)
+from torch_bridge.triton_rowmath import CASTING_CODES, INTERPRET, _TL_DTYPES, _tile, _to_dt
 
 SPIN_LIMIT = 1 << 14  # polls of a block's slots before a program stops waiting (milliseconds; never hit on a GPU)
-
-
-@triton.jit
-def _block(t, g, G: tl.constexpr, BLOCK_M: tl.constexpr, M):
-    """Row group g's t-th row block (blocks g, g + G, ...): its rows and their mask."""
-    rows = (t * G + g) * BLOCK_M + tl.arange(0, BLOCK_M)
-    return rows, rows < M
-
-
-@triton.jit
-def _own_band(W, pid, N, offset, BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr,
-              DT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr = False):
-    """Program ``pid``'s band: its columns, their mask and its effective weight (``_bwd_weight``: float32, zeros
-    without; with LOW values of DT)."""
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    return cols, col_mask, _bwd_weight(W, cols, col_mask, N, offset, HAS_WEIGHT, LOW, CASTING, DT, tl.float32,
-                                       EMULATE_BF16)
-
-
-@triton.jit
-def _fwd_fetch(X, R, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-               DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """Block t's band of the forward's rows from memory, kept in L2 for the second read (``_band_rows``)."""
-    rows, row_mask = _block(t, g, G, BLOCK_M, M)
-    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
-    return _band_rows(X, R, offs, mask, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_last")
-
-
-@triton.jit
-def _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Block t's band of x and dy (kept in L2 for the second read) and its rows' rstd."""
-    rows, row_mask = _block(t, g, G, BLOCK_M, M)
-    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
-    return (tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
-            tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
-            tl.load(RSTD + rows, mask=row_mask, other=0.0))
 
 
 @triton.jit
@@ -73,8 +39,8 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
                       HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
     ...): posts block t's ``Σ x²`` (``Σ h²``), then writes block t - LAG's y (and h; band 0 its rstd). PREFETCH:
-    block t + 1's band is loaded before block t's math (in flight meanwhile; the same values, the same bits)."""
-    CT: tl.constexpr = tl.float32
+    block t + 1's band is loaded before block t's math (in flight meanwhile; the same values, the same bits). No walk
+    of full blocks here (``_full``: it lost 16-20% on the H200)."""
     pid = tl.program_id(0)
     cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16)
     pcols = tl.arange(0, S)
@@ -94,61 +60,9 @@ def _bands_fwd_kernel(X, R, W, Y, H, RSTD, SLOT, M, N, n_f, eps, offset, spin_li
         offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
         x_b = _band_rows(X, R, offs_b, mask_b, HAS_RESIDUAL, DT, EMULATE_BF16, "evict_first")
         _post(SLOT, rows, row_mask, S, pid, tl.sum(x * x, axis=1))
-        total, alone = _totals(X, R, W, SLOT, rows_b, slot_mask, posted, alone, pcols, N, offset, spin_limit, P, S,
-                               BLOCK_N, True, HAS_WEIGHT, HAS_RESIDUAL, CASTING, DT, EMULATE_BF16)
-        rstd = _rstd(total, n_f, eps, CT)
-        if HAS_RESIDUAL:
-            tl.store(H + offs_b, _to_dt(x_b, DT, EMULATE_BF16), mask=mask_b)
-        y = _normalize(x_b, rstd, CASTING, DT, CT, EMULATE_BF16)
-        if HAS_WEIGHT:
-            y = y * w_eff[None, :]
-        tl.store(Y + offs_b, _to_dt(y, DT, EMULATE_BF16), mask=mask_b)
-        tl.store(RSTD + rows_b, rstd, mask=row_mask_b & (pid == 0))
-
-
-@triton.jit
-def _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, EVICT: tl.constexpr):
-    """Block t - LAG's band read again (L2), to finish it: ``(offs_b, mask_b, x_b, dy_b, rstd_b)``."""
-    offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
-    return (offs_b, mask_b, tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
-            tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
-            tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0))
-
-
-@triton.jit
-def _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
-               NEED_DW: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
-               LOW: tl.constexpr):
-    """Block t's band: its dweight terms added to ``dw`` (returned) and, with NEED_DX, its rows' ``Σ g·x`` posted
-    (LOW: g = r(dy·w_eff) as one multiply in DT, the float32 product's bits)."""
-    if NEED_DX and LOW:
-        g = (dy * w_eff[None, :]).to(tl.float32)
-    x = x.to(tl.float32)
-    dy = dy.to(tl.float32)
-    if NEED_DW:
-        dw += tl.sum(dy * _normalize(x, rstd, CASTING, DT, tl.float32, EMULATE_BF16), axis=0)
-    if NEED_DX:
-        if LOW:
-            _post(SLOT, rows, row_mask, S, pid, tl.sum(g * x, axis=1))
-        else:
-            _post(SLOT, rows, row_mask, S, pid, _sum_gx(x, dy, w_eff, HAS_WEIGHT, CASTING, DT, EMULATE_BF16))
-    return dw
-
-
-@triton.jit
-def _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT: tl.constexpr,
-                HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr, EMULATE_BF16: tl.constexpr,
-                LOW: tl.constexpr):
-    """Block t - LAG's band of dx from its band (x_b, dy_b, rstd_b) and its rows' totals (LOW: as ``_bwd_start``)."""
-    CT: tl.constexpr = tl.float32
-    if LOW:
-        g = (dy_b * w_eff[None, :]).to(CT)
-    else:
-        g = _grad_n(dy_b.to(CT), w_eff, HAS_WEIGHT, CASTING, DT, CT, EMULATE_BF16)
-    dx = _dx(x_b.to(CT), g, rstd_b, total / N)
-    if HAS_DH:
-        dx += tl.load(DH + offs_b, mask=mask_b, other=0.0).to(CT)
-    tl.store(DX + offs_b, _to_dt(dx, DT, EMULATE_BF16), mask=mask_b)
+        alone = _fwd_finish(X, R, W, Y, H, RSTD, SLOT, rows_b, row_mask_b, slot_mask, posted, alone, pcols, pid,
+                            x_b, offs_b, mask_b, w_eff, N, n_f, eps, offset, spin_limit, P, S, BLOCK_N, HAS_WEIGHT,
+                            HAS_RESIDUAL, CASTING, DT, EMULATE_BF16)
 
 
 @triton.jit
@@ -156,7 +70,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                       P: tl.constexpr, S: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       LAG: tl.constexpr, PREFETCH: tl.constexpr, HAS_WEIGHT: tl.constexpr, NEED_DX: tl.constexpr,
                       NEED_DW: tl.constexpr, HAS_DH: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
-                      WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr):
+                      WDT: tl.constexpr, EMULATE_BF16: tl.constexpr, LOW: tl.constexpr, FULL: tl.constexpr):
     """Program ``(pid, g)`` owns columns ``[pid·BLOCK_N, (pid + 1)·BLOCK_N)`` of row group g's blocks (g, g + G,
     ...); ``S`` slots per row (``P`` bands, padded: ``pallas_norm.band_slots.slot_width``). With ``G`` > 1 ``DW`` holds
     float32 partials, one row per group. PREFETCH: block t + 1's band of x and dy and its rstd are loaded before
@@ -172,36 +86,65 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     whose order does not depend on the layout Triton gives each loop's slots (``tl.sum``'s does, and did: the two
     loops' dx differed in ~100 elements per 2^28)."""
     pid = tl.program_id(0)
-    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW)
+    cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW, FULL)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     pcols = tl.arange(0, S)
     g = tl.program_id(1)
     steps = tl.cdiv(tl.cdiv(M, BLOCK_M), G) + LAG
     stop = steps
     if PREFETCH:
-        x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, 0, g, cols, col_mask, M, N, G, BLOCK_M)
-    for t in range(0, steps):
-        if stop == steps:
-            rows, row_mask = _block(t, g, G, BLOCK_M, M)
-            if PREFETCH:
-                x, dy, rstd = x_next, dy_next, rstd_next
-                x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M)
-            else:
-                x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
-            if NEED_DX:  # block t - LAG: its slots and its band again (L2), in flight during block t's math
-                rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
-                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
-                                                                "evict_first")
+        x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, 0, g, cols, col_mask, M, N, G, BLOCK_M, FULL)
+    if FULL:  # every block and band full, prefetching, LAG > 0 (``_full``): three loops, the masks constant
+        for t in range(0, LAG):  # blocks 0 .. LAG - 1 started, nothing to finish yet
+            rows, row_mask = _block(t, g, G, BLOCK_M, M, True)
+            x, dy, rstd = x_next, dy_next, rstd_next
+            x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M, True)
             dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
                             CASTING, DT, EMULATE_BF16, LOW)
-            if NEED_DX:
-                posted, ready = _wait(SLOT, rows_b, slot_mask, posted, pcols, spin_limit, S)
-                if ready == 1:
-                    total = _sum_slots(posted.to(tl.float32, bitcast=True), slot_mask, BLOCK_M, S)
-                    _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH,
+        for t in range(LAG, steps - LAG):  # block t started, block t - LAG finished
+            if stop == steps:
+                rows, row_mask = _block(t, g, G, BLOCK_M, M, True)
+                x, dy, rstd = x_next, dy_next, rstd_next  # the last block's next: the last again (read, not used)
+                x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, tl.minimum(t + 1, steps - LAG - 1), g, cols,
+                                                        col_mask, M, N, G, BLOCK_M, True)
+                rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M, True)
+                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                                                                "evict_first")
+                dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
                                 CASTING, DT, EMULATE_BF16, LOW)
+                stop = _bwd_complete(t, stop, x_b, dy_b, rstd_b, w_eff, SLOT, DH, DX, rows_b, slot_mask, posted, pcols,
+                                     offs_b, mask_b, N, spin_limit, S, BLOCK_M, HAS_WEIGHT, HAS_DH, CASTING, DT,
+                                     EMULATE_BF16, LOW)
+        # w_eff loaded again (as before the second loop below; the fused add's failed to compile otherwise)
+        cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW, True)
+        for t in range(steps - LAG, steps):  # the last LAG blocks finished
+            if stop == steps:
+                rows, row_mask = _block(t, g, G, BLOCK_M, M, True)
+                rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M, True)
+                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                                                                "evict_first")
+                stop = _bwd_complete(t, stop, x_b, dy_b, rstd_b, w_eff, SLOT, DH, DX, rows_b, slot_mask, posted, pcols,
+                                     offs_b, mask_b, N, spin_limit, S, BLOCK_M, HAS_WEIGHT, HAS_DH, CASTING, DT,
+                                     EMULATE_BF16, LOW)
+    else:
+        for t in range(0, steps):
+            if stop == steps:
+                rows, row_mask = _block(t, g, G, BLOCK_M, M)
+                if PREFETCH:
+                    x, dy, rstd = x_next, dy_next, rstd_next
+                    x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, t + 1, g, cols, col_mask, M, N, G, BLOCK_M)
                 else:
-                    stop = t
+                    x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
+                if NEED_DX:  # block t - LAG: its slots and its band again (L2), in flight during block t's math
+                    rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
+                    offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                                                                    "evict_first")
+                dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
+                                CASTING, DT, EMULATE_BF16, LOW)
+                if NEED_DX:
+                    stop = _bwd_complete(t, stop, x_b, dy_b, rstd_b, w_eff, SLOT, DH, DX, rows_b, slot_mask, posted,
+                                         pcols, offs_b, mask_b, N, spin_limit, S, BLOCK_M, HAS_WEIGHT, HAS_DH, CASTING,
+                                         DT, EMULATE_BF16, LOW)
     if NEED_DX:
         # w_eff loaded again: Triton 3.6 CSEs the hot loop's ``w_eff[None, :]`` into this loop otherwise (a use its
         # definition does not dominate; TritonGPURemoveLayoutConversions fails)
@@ -232,6 +175,16 @@ def _slots(M: int, width: int, device: torch.device) -> torch.Tensor:
 def _groups(M: int, cfg: Config) -> int:
     """Row groups launched: the config's, at most one per row block."""
     return max(1, min(cfg.groups, cdiv(M, cfg.block_m)))
+
+
+def _full(M: int, N: int, cfg: Config, groups: int, lag: int, has_dh: bool) -> bool:
+    """Whether the backward walks full blocks with constant masks (FULL): ``band_tables.full_blocks`` (the Pallas
+    kernels' ``bands._full_walk``), prefetching, with some lag and more blocks per row group than the lag; not the
+    fused add's (``has_dh``). H200, bf16, launched by torch at 8192×32768-1024×262144 (fifty-fifth session): the plain
+    backward +1.0% to +3.8%; the fused add's Llama +1.0% to +1.7% but Gemma -1.8% to -10.3%; the forward (not
+    built) lost 16-20%."""
+    return (not has_dh and cfg.prefetch and 0 < lag < cdiv(M, cfg.block_m) // groups
+            and band_tables.full_blocks(M, N, cfg.block_m, cfg.block_n, groups))
 
 
 def forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting: str, cfg: Config,
@@ -290,7 +243,9 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rst
                                       NEED_DX=need_dx, NEED_DW=need_dweight, HAS_DH=has_dh,
                                       CASTING=CASTING_CODES[casting], DT=_TL_DTYPES[x.dtype],
                                       WDT=_TL_DTYPES[weight.dtype] if need_dweight else tl.float32,
-                                      EMULATE_BF16=INTERPRET, LOW=low and need_dx, num_warps=cfg.num_warps),
+                                      EMULATE_BF16=INTERPRET, LOW=low and need_dx,
+                                      FULL=_full(M, N, cfg, groups, cfg.lag if need_dx else 0, has_dh),
+                                      num_warps=cfg.num_warps),
                          interpret=INTERPRET)
     if need_dweight and groups > 1:
         triton_dweight.reduce(partials, dweight, ("bands_dweight", *key))
