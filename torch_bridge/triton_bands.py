@@ -181,8 +181,10 @@ def _full(M: int, N: int, cfg: Config, groups: int, lag: int, has_dh: bool) -> b
     """Whether the backward walks full blocks with constant masks (FULL): ``band_tables.full_blocks`` (the Pallas
     kernels' ``bands._full_walk``), prefetching, with some lag and more blocks per row group than the lag; not the
     fused add's (``has_dh``). H200, bf16, launched by torch at 8192×32768-1024×262144 (fifty-fifth session): the plain
-    backward +1.0% to +3.8%; the fused add's Llama +1.0% to +1.7% but Gemma -1.8% to -10.3%; the forward (not
-    built) lost 16-20%."""
+    backward +1.0% to +3.8%; the fused add's Llama +1.0% to +1.7% but Gemma -1.8% to -10.3% (245 registers against
+    220, both within the 8 one-warp programs per SM; not understood); the forward (not kept) lost 16-20%: its walk
+    took 191 registers against the masked walk's 126 (offline, sm_90, 4096×65536), so 10 of the 16 one-warp programs
+    per SM its grid asks for fit at once, the rest waiting for a second wave (capped at 128, it spills)."""
     return (not has_dh and cfg.prefetch and 0 < lag < cdiv(M, cfg.block_m) // groups
             and band_tables.full_blocks(M, N, cfg.block_m, cfg.block_n, groups))
 
