@@ -56,6 +56,13 @@ FWD_BANDS = (1024, 1, 1, 2, True, 16)
 # (256 bands; the constant column mask alone -11%; ncu from JAX: fewer instructions, more long-scoreboard stalls,
 # 522 → 565 us; not understood): the fused add's backward of more bands keeps the masked walk.
 FULL_WALK_ADD_BWD_MAX_BANDS = 128
+# The fused add's backward with g in the row dtype (bf16 Llama: ``bands._bwd_kernel``'s ``low``) reads its first band
+# of x and dy without the L2 ``evict_last`` hint (``bands._first_read``) up to this many columns. Fifty-fifth session
+# (H200, bf16, the heuristic's configs launched by torch, TB/s hinted → not; probes_h200_2026-11-29_fiftyfifth.md):
+# Llama 32768×10240 3.59 → 3.71, 32768×12288 level, 8192×24576 3.64 → 3.82, 8192×32768 3.67 → 3.87 (+5.5%, +6.8%
+# in a first run), 4096×65536 3.93 → 3.99; beyond, 2048×131072 -0.7%, 1024×262144 -1.0%. Gemma's (float32 g) -1.0%
+# to +1.7%, rms_norm's backward -0.2% to -0.7% at every width: both keep the hint. Neither read hinted: -3% to -9%.
+ADD_BWD_UNHINTED_MAX_COLS = 65536
 
 
 def full_blocks(m: int, n: int, block_rows: int, block_cols: int, groups: int, *, add_backward: bool = False) -> bool:

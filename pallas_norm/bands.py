@@ -49,10 +49,11 @@ def _own_band(w_ref, n: int, config: Config, offset: float, casting: str, dt, lo
     return pid, cols, cmask, _weight_of(w_ref, cols, cmask, offset, casting, dt, low)
 
 
-def _first_read(config: Config) -> str:
+def _first_read(config: Config, unhinted: bool = False) -> str | None:
     """The cache policy of a band's first read: kept in L2 for the second (``evict_last``), or streamed when the
-    tiles are carried to their finish (``evict_first``)."""
-    return "evict_first" if config.carry else "evict_last"
+    tiles are carried to their finish (``evict_first``); ``unhinted``: none (the fused add's backward with g in the
+    row dtype, up to ``band_tables.ADD_BWD_UNHINTED_MAX_COLS`` columns: faster there, measured)."""
+    return "evict_first" if config.carry else None if unhinted else "evict_last"
 
 
 def _enqueue(queue: tuple, tiles) -> tuple:
@@ -216,6 +217,8 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     # neither alone (pairs -2.8% to +3.4%, fma -2.9% to +0.6%; fifty-third session). fp16 (no pairs): the fma alone
     # -0.7% to +0.9%, left out.
     ops = backend.row_ops(dt, interpret=interpret)
+    first_read = _first_read(config, has_dh_out and low and dt == jnp.bfloat16
+                             and n <= band_tables.ADD_BWD_UNHINTED_MAX_COLS)
 
     def band(rows, rmask, c, cm, policy):
         return (backend.load(x_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy),
@@ -236,7 +239,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     def fetch(rr):
         """A row block's band of x and dy, and its rstd, from memory (kept in L2 for a second read)."""
         rows, rmask = rr
-        return (*band(rows, rmask, cols, cmask, _first_read(config)), backend.load(rstd_ref.at[rows], rmask))
+        return (*band(rows, rmask, cols, cmask, first_read), backend.load(rstd_ref.at[rows], rmask))
 
     def start(rr, tiles, dw):
         """A row block: its ``dweight`` terms, and its rows' partial sums posted."""

@@ -177,3 +177,30 @@ def test_band_backward_takes_pair_ops_for_bf16(monkeypatch):
     monkeypatch.setattr(backend, "row_ops", lambda dt, interpret: backend.RowOps(
         lambda t: t.astype(jnp.float32), rounder(dt), lambda a, b, c: a * b + c, False))
     assert ptx(16, "llama", False) == (0, 0, 0)
+
+
+def test_fused_add_backward_with_g_in_the_row_dtype_reads_first_unhinted(monkeypatch):
+    """The band backward's first read of x and dy carries L2's ``evict_last`` (the band is read again two blocks
+    later) but not in the fused add's with g in the row dtype (bf16 Llama) up to ``ADD_BWD_UNHINTED_MAX_COLS`` columns
+    (H200 +0-6.8% there): no ``evict_last`` left in its TTIR; rms_norm's, Gemma's and longer rows' keep it. Broken
+    variant: the limit at 0, the hint back."""
+    from pallas_norm import backend
+    from torch_bridge import launch_route
+
+    monkeypatch.setattr(backend, "num_sms", lambda: 132)
+    monkeypatch.setattr(backend, "gpu_model", lambda: "")
+
+    def hinted(m: int, n: int, casting: str, fused: bool) -> int:
+        """``evict_last`` loads in the lowered backward (bf16 rows, the heuristic's band config)."""
+        config = pallas_config.heuristic(m, n, backward=True, fused=fused)
+        assert config.lag
+        offset = 1.0 if casting == "gemma" else 0.0
+        with abstract_h100():
+            lowered = launch_route._lower_backward(m, n, torch.bfloat16, torch.bfloat16, offset, casting, config, fused)
+        return launch_route.parse_program(lowered.compiler_ir("stablehlo")).calls[0].ttir.count("evict_last")
+
+    assert hinted(64, 32768, "llama", True) == 0
+    assert min(hinted(64, 32768, "llama", False), hinted(64, 32768, "gemma", True),
+               hinted(16, 131072, "llama", True)) > 0
+    monkeypatch.setattr(band_tables, "ADD_BWD_UNHINTED_MAX_COLS", 0)
+    assert hinted(96, 32768, "llama", True) > 0  # (rows not lowered above: the lowering is cached by shape)
