@@ -76,7 +76,9 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
     float32 partials, one row per group. PREFETCH: block t + 1's band of x and dy and its rstd are loaded before
     block t's math (in flight meanwhile; the same values, the same bits). LOW (``triton_product.grad_in_dtype``:
     dy and w_eff both values of DT): g = r(dy·w_eff) as one multiply in DT, the float32 product's bits, w_eff held as
-    DT (the Pallas band backward's ``low``: the band backward is bound by its instruction stream).
+    DT (the Pallas band backward's ``low``: the band backward is bound by its instruction stream). FULL (``_full``:
+    every block and band full, prefetching, LAG > 0): the first loop runs as three (the first LAG blocks started; block
+    t started and block t - LAG finished; the last LAG finished), the masks constant (unmasked loads and stores).
 
     Two loops, so that the hot one holds no registers for computing a peer's partial (the fallback inside it spilled
     with PREFETCH and cost bf16 16-19%): the first waits for each block's slots, and a program that polls
@@ -115,7 +117,8 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                 stop = _bwd_complete(t, stop, x_b, dy_b, rstd_b, w_eff, SLOT, DH, DX, rows_b, slot_mask, posted, pcols,
                                      offs_b, mask_b, N, spin_limit, S, BLOCK_M, HAS_WEIGHT, HAS_DH, CASTING, DT,
                                      EMULATE_BF16, LOW)
-        # w_eff loaded again (as before the second loop below; the fused add's failed to compile otherwise)
+        # w_eff loaded again (as before the second loop below; the fused add's, which ``_full`` no longer gives this
+        # walk, failed to compile otherwise)
         cols, col_mask, w_eff = _own_band(W, pid, N, offset, BLOCK_N, HAS_WEIGHT, CASTING, DT, EMULATE_BF16, LOW, True)
         for t in range(steps - LAG, steps):  # the last LAG blocks finished
             if stop == steps:
