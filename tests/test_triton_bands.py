@@ -1,6 +1,6 @@
-"""The Triton reference's forward and backward on column bands (``triton_config.Config.lag``, ``torch_bridge/triton_bands.py``).
-On CPU Triton's interpreter runs the programs one after another: every program but the last computes its peers'
-partial sums itself (the fallback), the last reads them as posted."""
+"""The Triton reference's forward and backward on column bands (``triton_config.Config.lag``,
+``torch_bridge/triton_bands.py``). On CPU Triton's interpreter runs the programs one after another: every program but
+the last computes its peers' partial sums itself (the fallback), the last reads them as posted."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ def _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M
 
 
 @triton.jit
-def _fwd_finish(X, R, W, Y, H, RSTD, SLOT, rows_b, row_mask_b, slot_mask, posted, alone, pcols, pid, x_b, offs_b, mask_b,
-                w_eff, N, n_f, eps, offset, spin_limit, P: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fwd_finish(X, R, W, Y, H, RSTD, SLOT, rows_b, row_mask_b, slot_mask, posted, alone, pcols, pid, x_b, offs_b,
+                mask_b, w_eff, N, n_f, eps, offset, spin_limit, P: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
                 HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, DT: tl.constexpr,
                 EMULATE_BF16: tl.constexpr):
     """Block t - LAG's y (and h; band 0 its rstd) from its band ``x_b`` and its rows' totals (``_totals``); returns
