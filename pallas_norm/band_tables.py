@@ -74,6 +74,18 @@ def full_blocks(m: int, n: int, block_rows: int, block_cols: int, groups: int, *
             and not (add_backward and bands > FULL_WALK_ADD_BWD_MAX_BANDS))
 
 
+def walks_full_blocks(steps: int, lag: int, prefetch: bool) -> bool:
+    """Whether a walk of ``steps`` row blocks per group, every one full (``full_blocks``), runs as three loops (both
+    stacks): it prefetches and finishes each block ``lag`` blocks late, with more blocks than the lag."""
+    return prefetch and 0 < lag < steps
+
+
+def add_bwd_unhinted(n: int, dtype_name: str, low: bool) -> bool:
+    """Whether the fused add's band backward reads its first band of x and dy without a cache hint: g in the row dtype
+    (``low``), bf16 rows of at most ``ADD_BWD_UNHINTED_MAX_COLS`` columns."""
+    return low and dtype_name == "bfloat16" and n <= ADD_BWD_UNHINTED_MAX_COLS
+
+
 def band_grid(n: int, sms: int, *, backward: bool, min_cols: int) -> tuple[tuple, int] | None:
     """The band table of a direction (``BANDS``/``FWD_BANDS``) and the row groups of its grid for rows of ``n``
     columns on a GPU of ``sms`` SMs, or None where rows take no bands: shorter than ``min_cols``, or more than

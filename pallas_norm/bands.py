@@ -82,7 +82,7 @@ def _walk_bands(m: int, n: int, config: Config, lag: int, rows_of, fetch, start,
     carry = config.carry and lag > 0
     steps = cdiv(cdiv(m, config.block_rows), groups(config, n))
     acc = None if acc_cols is None else jnp.zeros((acc_cols,), F32)
-    if full and lag and config.prefetch and not carry and steps > lag:
+    if full and not carry and band_tables.walks_full_blocks(steps, lag, config.prefetch):
         return _walk_full_blocks(steps, lag, rows_of, fetch, start, finish, ex, acc)
 
     def body(t, state):
@@ -217,8 +217,7 @@ def _bwd_kernel(*refs, m, n, offset, casting, config: Config, has_weight, need_d
     # neither alone (pairs -2.8% to +3.4%, fma -2.9% to +0.6%; fifty-third session). fp16 (no pairs): the fma alone
     # -0.7% to +0.9%, left out.
     ops = backend.row_ops(dt, interpret=interpret)
-    first_read = _first_read(config, has_dh_out and low and dt == jnp.bfloat16
-                             and n <= band_tables.ADD_BWD_UNHINTED_MAX_COLS)
+    first_read = _first_read(config, has_dh_out and band_tables.add_bwd_unhinted(n, jnp.dtype(dt).name, low))
 
     def band(rows, rmask, c, cm, policy):
         return (backend.load(x_ref.at[rows[:, None], c[None, :]], rmask[:, None] & cm[None, :], eviction=policy),

@@ -188,7 +188,7 @@ def _full(M: int, N: int, cfg: Config, groups: int, lag: int, has_dh: bool) -> b
     220, both within the 8 one-warp programs per SM; not understood); the forward (not kept) lost 16-20%: its walk
     took 191 registers against the masked walk's 126 (offline, sm_90, 4096×65536), so 10 of the 16 one-warp programs
     per SM its grid asks for fit at once, the rest waiting for a second wave (capped at 128, it spills)."""
-    return (not has_dh and cfg.prefetch and 0 < lag < cdiv(M, cfg.block_m) // groups
+    return (not has_dh and band_tables.walks_full_blocks(cdiv(M, cfg.block_m) // groups, lag, cfg.prefetch)
             and band_tables.full_blocks(M, N, cfg.block_m, cfg.block_n, groups))
 
 
