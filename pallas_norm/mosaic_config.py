@@ -286,8 +286,14 @@ SMALL_BLOCK_STAGES = (2560, 32)
 # 4096 rows +0.6% / +1.3%) and 3072 (32768 rows 3.67 / 4.04 → 3.93 / 4.02, 8192 rows +5.4% / +0.9%, 4096 rows +5% /
 # +0.8%); 2 CTAs per SM at 12288 (clusters of 2: 6144 columns each; 8192 rows 3.13 / 3.51 → 3.82 / 3.93, 4096 rows
 # 2.98 / 3.37 → 3.55 / 3.71), where the H100's rule of one beyond 8192 columns came from rows of 16384.
-BWD_BY_MODEL: dict[str, dict[int, dict]] = {"h200": {1536: {"stages": 4}, 3072: {"stages": 4},
-                                                     12288: {"programs_per_sm": 2}}}
+BWD_BY_MODEL: dict[str, dict[int, dict]] = {"h200": {1536: {"stages": 4}, 3072: {"stages": 4}}}
+# Per GPU model: the backward of 16-bit rows of lo < n < hi columns (one CTA each, padded to 16384) runs this many
+# CTAs per SM (clusters where their rows no longer fit: ``fit``). H200, bf16, from JAX, kernels timed, two rounds, the
+# slower quoted (fifty-sixth session, bench/results/probes_h200_2026-11-29_fiftysixth.md §2), one CTA per SM → two,
+# plain / fused add TB/s: llama 32768×10240 3.00 / 2.43 → 4.03 / 2.76, 8192×10240 2.90 / 2.37 → 3.79 / 2.68,
+# 8192×14336 3.14 / 2.51 → 3.72 / 2.67, gemma 32768×10240 3.19 → 4.04 (plain); 12288 since the forty-fifth session
+# (above). Three per SM: 3.26 / 2.53 at 32768×10240, level with two at 14336. 16384 runs the Triton lowering there.
+BWD_PER_SM_BY_MODEL: dict[str, tuple[int, int, int]] = {"h200": (8192, 16384, 2)}
 
 
 def heuristic(m: int, n: int, *, backward: bool, itemsize: int | None = None) -> MosaicConfig:
@@ -297,14 +303,16 @@ def heuristic(m: int, n: int, *, backward: bool, itemsize: int | None = None) ->
     blocks of ``max(1, 2048 / n_pad)`` rows, 3 stages, 4 / 2 / 1 CTAs per SM for ``n_pad`` ≤ 4096 / 8192 / 16384);
     the backward with blocks of ``max(1, 4096 / n_pad)`` rows and 2 CTAs per SM up to 8192 columns, and a fourth
     stage for small blocks walked by few CTAs each (``SMALL_BLOCK_STAGES``); then, for 16-bit rows (``itemsize``
-    2), this GPU model's ``BWD_BY_MODEL``. Longer rows: ``LONG_ROWS``, else the largest cluster, 2 stages, one CTA
-    per SM.
+    2), this GPU model's CTAs per SM (``BWD_PER_SM_BY_MODEL``) and ``BWD_BY_MODEL``. Longer rows: ``LONG_ROWS``,
+    else the largest cluster, 2 stages, one CTA per SM.
     """
     n_pad = next_pow2(n)
     if n_pad <= 16384:
         if not backward:
             return MosaicConfig(block_rows=1, direct=True)
         rows, per_sm = max(1, 4096 // n_pad), 2 if n_pad <= 8192 else 1
+        lo, hi, wide_per_sm = this_model(BWD_PER_SM_BY_MODEL) or (0, 0, per_sm)
+        per_sm = wide_per_sm if itemsize == 2 and lo < n < hi else per_sm
         few = cdiv(max(m, 1), rows) <= SMALL_BLOCK_STAGES[1] * per_sm * backend.num_sms()
         stages = 4 if n > 1024 and rows * n <= SMALL_BLOCK_STAGES[0] and few else 3
         fields = this_model(BWD_BY_MODEL).get(n, {}) if itemsize == 2 else {}

@@ -1,6 +1,6 @@
 """The Mosaic GPU backward's grid (``pallas_norm.mosaic_config``): the fused add's backward on ``rms_norm``'s grid
 (its ``dweight`` is ``rms_norm(h)``'s bits), and the per-GPU-model tiles of rows one CTA holds
-(``BWD_BY_MODEL``)."""
+(``BWD_BY_MODEL``, ``BWD_PER_SM_BY_MODEL``)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def _check_fused_add_bits(monkeypatch, shape, config=None) -> None:
 def test_fused_add_dweight_is_rms_norm_s_bits(monkeypatch):
     """The fused add's ``dweight`` is ``rms_norm(h)``'s bits where its buffers fit fewer CTAs per SM than
     ``rms_norm``'s (shared memory lowered so that 2 CTAs of ``rms_norm``'s backward fit and 1 of the fused add's:
-    the broken variant runs 8 CTAs instead of 16)."""
+    the broken variant runs 8 CTAs instead of 16: 8 SMs pinned, as the interpreter has; on an H200's 132 both grids
+    held all 37 rows, one CTA each, and the broken variant went uncaught)."""
+    monkeypatch.setattr(backend, "num_sms", lambda: 8)
     monkeypatch.setattr(mosaic_config, "SMEM_BYTES", 48000)  # per CTA at 2 stages: 22528 bytes plain, 28672 fused
     _check_fused_add_bits(monkeypatch, (37, 1536), MosaicConfig(stages=2, programs_per_sm=2))
 
@@ -85,11 +87,11 @@ def test_gpu_fused_add_dweight_is_rms_norm_s_bits(monkeypatch, shape):
 
 
 def test_h200_backward_tiles_of_padded_widths(monkeypatch):
-    """On an H200 the backward of 16-bit rows of 1536 and 3072 columns runs 4 stages and of 12288 two CTAs per SM
-    (``BWD_BY_MODEL``); float32 rows and other models keep the heuristic's (3 stages, one CTA per SM at 12288), and
-    the fitted plan has what the table asks."""
+    """On an H200 the backward of 16-bit rows of 1536 and 3072 columns runs 4 stages (``BWD_BY_MODEL``) and of more
+    than 8192 and fewer than 16384 two CTAs per SM (``BWD_PER_SM_BY_MODEL``); float32 rows and other models keep the
+    heuristic's (3 stages, one CTA per SM from 9216), so does 16384, and the fitted plan has what the table asks."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
-    widths = (1536, 3072, 12288)
+    widths = (1536, 3072, 8192, 9216, 10240, 12288, 14336, 16256, 16384)
 
     def tiles(itemsize):
         return [(c.stages, c.programs_per_sm) for c in (mosaic_config.heuristic(32768, n, backward=True,
@@ -97,22 +99,24 @@ def test_h200_backward_tiles_of_padded_widths(monkeypatch):
 
     monkeypatch.setattr(backend, "gpu_model", lambda: "h100")
     h100 = tiles(2)
-    assert h100 == [(3, 2), (3, 2), (3, 1)] and tiles(4) == h100
+    assert h100 == [(3, 2), (3, 2), (3, 2)] + [(3, 1)] * 6 and tiles(4) == h100
     monkeypatch.setattr(backend, "gpu_model", lambda: "h200")
-    assert tiles(2) == [(4, 2), (4, 2), (3, 2)] and tiles(4) == h100
+    assert tiles(2) == [(4, 2), (4, 2), (3, 2)] + [(3, 2)] * 5 + [(3, 1)] and tiles(4) == h100
     plans = [mosaic_config.fit(None, 32768, n, row_bytes=4, weight_bytes=2, widest=2, backward=True) for n in widths]
-    assert [(p.stages, p.per_sm, p.cluster) for p in plans] == [(4, 2, 1), (4, 2, 1), (3, 2, 2)]
+    # 8192 and 16256: two CTAs' buffers do not fit an SM, ``fit`` keeps one
+    assert [(p.stages, p.per_sm, p.cluster) for p in plans] == [(4, 2, 1), (4, 2, 1), (3, 1, 1)] + [(3, 2, 2)] * 4 + [
+        (3, 1, 2)] * 2
     fused = mosaic_config.fit(None, 32768, 12288, row_bytes=6, weight_bytes=2, widest=2, backward=True,
                               grid_row_bytes=4)
-    assert (fused.stages, fused.per_sm, fused.programs) == (2, 2, plans[2].programs)
+    assert (fused.stages, fused.per_sm, fused.programs) == (2, 2, plans[5].programs)
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("m,n", [(4096, 1536), (4097, 3072), (4096, 12288)])
+@pytest.mark.parametrize("m,n", [(4096, 1536), (4097, 3072), (4096, 10240), (4096, 12288), (4095, 14336)])
 def test_gpu_padded_widths(m, n):
-    """The backward's heuristic tiles at widths Mosaic GPU keeps on an H200 (``BWD_BY_MODEL`` there): the float64
-    rule, and the fused add's ``dweight`` is ``rms_norm(h)``'s bits."""
+    """The backward's heuristic tiles at widths Mosaic GPU keeps on an H200 (``BWD_BY_MODEL``, ``BWD_PER_SM_BY_MODEL``
+    there): the float64 rule, and the fused add's ``dweight`` is ``rms_norm(h)``'s bits."""
     x, w, dy = jax_inputs((m, n), jnp.bfloat16, 1.0, seed=n)
     check_jax(x, w, dy, "mosaic", offset=1.0, casting="gemma")
     np.testing.assert_array_equal(*_fused_and_plain_dweights((m, n), seed=n))
