@@ -99,7 +99,12 @@ Mosaic GPU → Triton lowering, plain / fused add TB/s: 8192×16384 3.46 / 3.73 
 → 3.28 / 3.34, 2048×131072 3.08 / 2.45 → 3.39 / 3.37. So does the forward of 16-bit rows of 65536 and 131072
 columns (``TRITON_FWD_BY_MODEL``; column bands), the same way (§5): 8192×65536 3.54 / 2.76 → 3.71 / 3.26, 4096×65536
 3.47 / 2.82 → 3.70 / 3.27, 2048×131072 3.18 / 2.69 → 3.70 / 3.27 (32768 is jaxlib-launched already). The H100 keeps
-the rules above.
+the rules above. Fifty-sixth session, the same way (``probes_h200_2026-11-29_fiftysixth.md`` §3): the backward at
+20480 and 24576 columns (Mosaic GPU's config padded to 32768), Mosaic GPU → column bands, plain / fused add, llama:
+16384×20480 2.64 / 2.40 → 3.57 / 2.52, 8192×24576 2.91 / 2.56 → 3.55 / 2.68; gemma 8192×24576 3.21 / 2.62 → 3.53 /
+2.53 (the fused add −3.4%, kept with its plain backward: one lowering keeps its dweight rms_norm(h)'s bits). Rows of
+fewer than 16384 columns stay on Mosaic GPU (2 CTAs per SM there: ``mosaic_config.BWD_PER_SM_BY_MODEL``; 32768×10240
+4.03 / 2.76 against the bands' 3.51 / 2.58); other widths above 16384 were not timed.
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ MOSAIC_ALIGN = 128
 HELD_BWD_MAX_ROWS_PER_SM = 32  # the held 16384-column backward (pallas_config.ffi_held) up to this many rows per SM
 # Per GPU model: the backward of 16-bit rows of these widths on the Triton lowering at every row count (held whole
 # where pallas_config.ffi_held, column bands beyond MAX_RESIDENT_COLS).
-TRITON_BWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({16384, 32768, 65536, 131072})}
+TRITON_BWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({16384, 20480, 24576, 32768, 65536, 131072})}
 # Per GPU model: the forward (plain and fused add) of 16-bit rows of these widths on the Triton lowering (column bands).
 TRITON_FWD_BY_MODEL: dict[str, frozenset[int]] = {"h200": frozenset({65536, 131072})}
 # Per GPU model: the forward (plain and fused add: one lowering, so the fused add's y stays rms_norm(h)'s bits) of

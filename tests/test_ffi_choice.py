@@ -146,13 +146,13 @@ def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
 def test_h200_backward_of_wide_16_bit_rows_takes_the_triton_lowering(monkeypatch):
     """``auto.TRITON_BWD_BY_MODEL``: on an H200 ``impl=None``'s backward of 16-bit rows of 16384-131072 columns takes
     the Triton lowering at every row count (16384 held whole where jaxlib launches it, else Mosaic GPU; column bands
-    beyond), and (``TRITON_FWD_BY_MODEL``) its forward at 65536 and 131072; float32 rows and unlisted widths keep
+    beyond, 20480 and 24576 too), and (``TRITON_FWD_BY_MODEL``) its forward at 65536 and 131072; float32 rows and unlisted widths keep
     Mosaic GPU. Broken variant: the H100's rules (``gpu_model() == ""``), which keep Mosaic GPU from 33 rows per SM
     of 16384 and at every row count beyond, and for those forwards."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
-    cases = [(m, n) for m in (8192, 32768) for n in (16384, 32768, 65536, 131072)]
+    cases = [(m, n) for m in (8192, 32768) for n in (16384, 20480, 24576, 32768, 65536, 131072)]
     h100 = {c: auto.lowering(True, c[1], m=c[0], itemsize=2) for c in cases}
     assert set(h100.values()) == {"mosaic"}
     assert [auto.lowering(False, n, itemsize=2) for n in (32768, 65536, 131072)] == ["pallas", "mosaic", "mosaic"]
@@ -162,7 +162,7 @@ def test_h200_backward_of_wide_16_bit_rows_takes_the_triton_lowering(monkeypatch
         "mosaic"] * 3
     assert {c: auto.lowering(True, c[1], m=c[0], itemsize=2) for c in cases} == dict.fromkeys(cases, "pallas")
     assert [auto.lowering(True, n, m=32768, itemsize=4) for n in (16384, 32768)] == ["mosaic", "mosaic"]
-    assert auto.lowering(True, 24576, m=32768, itemsize=2) == "mosaic"
+    assert [auto.lowering(True, n, m=32768, itemsize=2) for n in (12288, 28672, 40960)] == ["mosaic"] * 3
     assert auto.lowering(True, 32768, m=32768, itemsize=2) == auto.lowering(True, 32768, m=1, itemsize=2)
     monkeypatch.setattr(triton_ffi, "available", lambda: False)
     assert [auto.lowering(True, n, m=32768, itemsize=2) for n in (16384, 32768)] == ["mosaic", "pallas"]
