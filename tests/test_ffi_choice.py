@@ -146,9 +146,9 @@ def test_auto_takes_the_held_backward_at_few_rows(monkeypatch):
 def test_h200_backward_of_wide_16_bit_rows_takes_the_triton_lowering(monkeypatch):
     """``auto.TRITON_BWD_BY_MODEL``: on an H200 ``impl=None``'s backward of 16-bit rows of 16384-131072 columns takes
     the Triton lowering at every row count (16384 held whole where jaxlib launches it, else Mosaic GPU; column bands
-    beyond, 20480 and 24576 too), and (``TRITON_FWD_BY_MODEL``) its forward at 65536 and 131072; float32 rows and unlisted widths keep
-    Mosaic GPU. Broken variant: the H100's rules (``gpu_model() == ""``), which keep Mosaic GPU from 33 rows per SM
-    of 16384 and at every row count beyond, and for those forwards."""
+    beyond, 20480 and 24576 too), and (``TRITON_FWD_BY_MODEL``) its forward at 65536 and 131072; float32 rows and
+    unlisted widths keep Mosaic GPU. Broken variant: the H100's rules (``gpu_model() == ""``), which keep Mosaic GPU
+    from 33 rows per SM of 16384 and at every row count beyond, and for those forwards."""
     monkeypatch.setattr(backend, "num_sms", lambda: 132)
     monkeypatch.setattr(backend, "mosaic_capable", lambda: True)
     monkeypatch.setattr(triton_ffi, "available", lambda: True)
