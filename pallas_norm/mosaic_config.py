@@ -284,8 +284,9 @@ SMALL_BLOCK_STAGES = (2560, 32)
 # config changed. H200, bf16, from JAX, kernels timed, plain / fused add TB/s (forty-fifth session,
 # bench/results/probes_h200_2026-11-28_fortyfifth.md §2): 4 stages at 1536 (32768 rows 3.27 / 3.84 → 3.43 / 3.83,
 # 4096 rows +0.6% / +1.3%) and 3072 (32768 rows 3.67 / 4.04 → 3.93 / 4.02, 8192 rows +5.4% / +0.9%, 4096 rows +5% /
-# +0.8%); 2 CTAs per SM at 12288 (clusters of 2: 6144 columns each; 8192 rows 3.13 / 3.51 → 3.82 / 3.93, 4096 rows
-# 2.98 / 3.37 → 3.55 / 3.71), where the H100's rule of one beyond 8192 columns came from rows of 16384.
+# +0.8%); 2 CTAs per SM at 12288 (now ``BWD_PER_SM_BY_MODEL``'s; clusters of 2: 6144 columns each; 8192 rows 3.13
+# / 3.51 → 3.82 / 3.93, 4096 rows 2.98 / 3.37 → 3.55 / 3.71), where the H100's rule of one beyond 8192 columns came
+# from rows of 16384.
 BWD_BY_MODEL: dict[str, dict[int, dict]] = {"h200": {1536: {"stages": 4}, 3072: {"stages": 4}}}
 # Per GPU model: the backward of 16-bit rows of lo < n < hi columns (one CTA each, padded to 16384) runs this many
 # CTAs per SM (clusters where their rows no longer fit: ``fit``). H200, bf16, from JAX, kernels timed, two rounds, the
