@@ -40,14 +40,22 @@ def _fwd_fetch(X, R, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.co
 
 
 @triton.jit
+def _band_read(X, DY, RSTD, rows, row_mask, cols, col_mask, N, EVICT: tl.constexpr):
+    """A row block's band of x and dy (L2 policy ``EVICT``) and its rows' rstd: ``(offs, mask, x, dy, rstd)``; the
+    first read (``_bwd_fetch``) and, for block t - LAG, the second, to finish it."""
+    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
+    return (offs, mask, tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT),
+            tl.load(DY + offs, mask=mask, other=0.0, eviction_policy=EVICT),
+            tl.load(RSTD + rows, mask=row_mask, other=0.0))
+
+
+@triton.jit
 def _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G: tl.constexpr, BLOCK_M: tl.constexpr,
                FULL: tl.constexpr = False):
-    """Block t's band of x and dy (kept in L2 for the second read) and its rows' rstd."""
+    """Block t's band of x and dy (kept in L2 for the second read) and its rows' rstd (``_band_read``)."""
     rows, row_mask = _block(t, g, G, BLOCK_M, M, FULL)
-    offs, mask = _tile(rows, row_mask, cols, col_mask, N)
-    return (tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
-            tl.load(DY + offs, mask=mask, other=0.0, eviction_policy="evict_last"),
-            tl.load(RSTD + rows, mask=row_mask, other=0.0))
+    _, _, x, dy, rstd = _band_read(X, DY, RSTD, rows, row_mask, cols, col_mask, N, "evict_last")
+    return x, dy, rstd
 
 
 @triton.jit
@@ -69,15 +77,6 @@ def _fwd_finish(X, R, W, Y, H, RSTD, SLOT, rows_b, row_mask_b, slot_mask, posted
     tl.store(Y + offs_b, _to_dt(y, DT, EMULATE_BF16), mask=mask_b)
     tl.store(RSTD + rows_b, rstd, mask=row_mask_b & (pid == 0))
     return alone
-
-
-@triton.jit
-def _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, EVICT: tl.constexpr):
-    """Block t - LAG's band read again (L2), to finish it: ``(offs_b, mask_b, x_b, dy_b, rstd_b)``."""
-    offs_b, mask_b = _tile(rows_b, row_mask_b, cols, col_mask, N)
-    return (offs_b, mask_b, tl.load(X + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
-            tl.load(DY + offs_b, mask=mask_b, other=0.0, eviction_policy=EVICT),
-            tl.load(RSTD + rows_b, mask=row_mask_b, other=0.0))
 
 
 @triton.jit

@@ -24,7 +24,7 @@ from pallas_norm.band_slots import slot_width
 from pallas_norm.pallas_config import cdiv
 from torch_bridge import custom_ops, triton_dweight, triton_launch
 from torch_bridge.triton_band_slots import UNPOSTED, _band_rows, _fill_missing, _lagged, _post, _sum_slots
-from torch_bridge.triton_band_steps import (_band_again, _block, _bwd_complete, _bwd_fetch, _bwd_finish, _bwd_start,
+from torch_bridge.triton_band_steps import (_band_read, _block, _bwd_complete, _bwd_fetch, _bwd_finish, _bwd_start,
                                             _fwd_fetch, _fwd_finish, _own_band)
 from torch_bridge.triton_config import Config
 from torch_bridge.triton_rowmath import CASTING_CODES, INTERPRET, _TL_DTYPES, _tile, _to_dt
@@ -110,7 +110,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                 x_next, dy_next, rstd_next = _bwd_fetch(X, DY, RSTD, tl.minimum(t + 1, steps - LAG - 1), g, cols,
                                                         col_mask, M, N, G, BLOCK_M, True)
                 rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M, True)
-                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                offs_b, mask_b, x_b, dy_b, rstd_b = _band_read(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
                                                                 "evict_first")
                 dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
                                 CASTING, DT, EMULATE_BF16, LOW)
@@ -124,7 +124,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
             if stop == steps:
                 rows, row_mask = _block(t, g, G, BLOCK_M, M, True)
                 rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M, True)
-                offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                offs_b, mask_b, x_b, dy_b, rstd_b = _band_read(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
                                                                 "evict_first")
                 stop = _bwd_complete(t, stop, x_b, dy_b, rstd_b, w_eff, SLOT, DH, DX, rows_b, slot_mask, posted, pcols,
                                      offs_b, mask_b, N, spin_limit, S, BLOCK_M, HAS_WEIGHT, HAS_DH, CASTING, DT,
@@ -140,7 +140,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
                     x, dy, rstd = _bwd_fetch(X, DY, RSTD, t, g, cols, col_mask, M, N, G, BLOCK_M)
                 if NEED_DX:  # block t - LAG: its slots and its band again (L2), in flight during block t's math
                     rows_b, row_mask_b, slot_mask, posted = _lagged(SLOT, rows, M, pcols, P, S, G, LAG, BLOCK_M)
-                    offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
+                    offs_b, mask_b, x_b, dy_b, rstd_b = _band_read(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N,
                                                                     "evict_first")
                 dw = _bwd_start(x, dy, rstd, dw, w_eff, SLOT, rows, row_mask, S, pid, HAS_WEIGHT, NEED_DX, NEED_DW,
                                 CASTING, DT, EMULATE_BF16, LOW)
@@ -162,7 +162,7 @@ def _bands_bwd_kernel(X, W, DY, DH, RSTD, DX, DW, SLOT, M, N, offset, spin_limit
             vals = _fill_missing(X, DY, W, rows_b, slot_mask, posted, pcols, N, offset, P, BLOCK_N, False, HAS_WEIGHT,
                                  False, CASTING, DT, EMULATE_BF16)
             total = _sum_slots(vals, slot_mask, BLOCK_M, S)
-            offs_b, mask_b, x_b, dy_b, rstd_b = _band_again(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, "")
+            offs_b, mask_b, x_b, dy_b, rstd_b = _band_read(X, DY, RSTD, rows_b, row_mask_b, cols, col_mask, N, "")
             _bwd_finish(x_b, dy_b, rstd_b, total, w_eff, DH, DX, offs_b, mask_b, N, HAS_WEIGHT, HAS_DH, CASTING, DT,
                         EMULATE_BF16, LOW)
     if NEED_DW and G == 1:
